@@ -1,0 +1,146 @@
+"""Configuration and the places a cluster keeps its files.
+
+Everything lives under one home directory, ``$MB_HOME`` (default ``~/.minibatch``):
+``minibatch.toml`` (the config), ``run/`` (sockets, pid files, the broker URL),
+``state/`` (the SQLite database) and ``log/`` (one log per daemon). Clusters in
+different homes share nothing, not even a TCP port.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from minibatch.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class Paths:
+    home: Path
+
+    @classmethod
+    def from_env(cls) -> Paths:
+        home = os.environ.get("MB_HOME") or str(Path.home() / ".minibatch")
+        return cls(Path(home).expanduser().absolute())
+
+    @property
+    def config(self) -> Path:
+        return self.home / "minibatch.toml"
+
+    @property
+    def run(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def state(self) -> Path:
+        return self.home / "state"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "log"
+
+    @property
+    def database(self) -> Path:
+        return self.state / "minibatch.db"
+
+    @property
+    def mqtt_url_file(self) -> Path:
+        return self.run / "mqtt.url"
+
+    def pidfile(self, daemon: str) -> Path:
+        return self.run / f"{daemon}.pid"
+
+    def logfile(self, daemon: str) -> Path:
+        return self.log / f"{daemon}.log"
+
+    def make(self) -> None:
+        for d in (self.home, self.run, self.state, self.log):
+            d.mkdir(parents=True, exist_ok=True)
+
+
+class NodeConfig(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    cpus: list[int]
+    mem: str | None = None
+
+
+class ServerConfig(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
+):
+    endpoint: str = ""
+    #: A node that sends no heartbeat for this long is marked down.
+    node_timeout: float = 10.0
+    #: Users, besides root and the cluster's owner, who may run operator commands.
+    operators: list[str] = []
+    #: "normal" survives a crash of the server process; "full" also a power cut.
+    sqlite_synchronous: str = "normal"
+
+
+class SchedulerConfig(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
+):
+    policy: str = "easy"
+    params: dict[str, Any] = {}
+    #: Seconds between periodic passes (the safety net behind event-driven passes).
+    interval: float = 10.0
+    #: Events arriving within this window are coalesced into one pass.
+    coalesce_ms: float = 2.0
+
+
+class NodeDaemonConfig(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
+):
+    heartbeat: float = 1.0
+    #: Seconds between SIGTERM and SIGKILL when a job is killed (walltime, qdel).
+    kill_grace: float = 5.0
+    #: Seconds between samples of a job's process tree (memory limit, max RSS).
+    sample_interval: float = 0.25
+
+
+class MqttConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    #: Empty: ``mb up`` starts the embedded broker on a free loopback port.
+    url: str = ""
+    topic_prefix: str = "minibatch/v1"
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    cluster_name: str = "minibatch"
+    oversubscribe: bool = False
+    server: ServerConfig = ServerConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    node: NodeDaemonConfig = NodeDaemonConfig()
+    mqtt: MqttConfig = MqttConfig()
+    nodes: list[NodeConfig] = []
+
+    def server_endpoint(self, paths: Paths) -> str:
+        return self.server.endpoint or f"ipc://{paths.run / 'server.sock'}"
+
+    def node_named(self, name: str) -> NodeConfig:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise InvalidArgument(f"no node named {name!r} in the configuration")
+
+
+def load(paths: Paths) -> Config:
+    """The config in ``paths.config``, or the defaults when there is none."""
+    if not paths.config.exists():
+        return Config()
+    try:
+        return msgspec.toml.decode(paths.config.read_bytes(), type=Config)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InvalidArgument(f"{paths.config}: {exc}") from exc
+
+
+def mqtt_url(paths: Paths, config: Config) -> str:
+    """The broker URL: configured, else the embedded broker's, else empty."""
+    if config.mqtt.url:
+        return config.mqtt.url
+    try:
+        return paths.mqtt_url_file.read_text().strip()
+    except FileNotFoundError:
+        return ""

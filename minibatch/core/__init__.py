@@ -1,0 +1,1 @@
+"""The shared model: jobs, resources, snapshots and decisions. No IO here."""

@@ -1,0 +1,184 @@
+"""The job model: request, state machine and record.
+
+State and result are separate fields (as in Flux): ``state`` says where a job is in
+its life, ``result`` says how a finished job ended. PBS letters are a rendering
+concern (:func:`state_letter`). Every state change goes through :func:`transition`,
+which checks it against :data:`TRANSITIONS`, so an impossible change is an error and
+never a silent corruption.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+import msgspec
+
+from minibatch.errors import InvalidTransition
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    HELD = "held"
+    WAITING = "waiting"
+    RUNNING = "running"
+    EXITING = "exiting"
+    FINISHED = "finished"
+
+
+class JobResult(StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    OUT_OF_MEMORY = "out_of_memory"
+    NODE_FAIL = "node_fail"
+
+
+PENDING_STATES: Final = frozenset({JobState.QUEUED, JobState.HELD, JobState.WAITING})
+ACTIVE_STATES: Final = frozenset({JobState.RUNNING, JobState.EXITING})
+
+#: Allowed (from, to) pairs, each with the event that causes it.
+TRANSITIONS: Final[dict[tuple[JobState, JobState], str]] = {
+    (JobState.QUEUED, JobState.HELD): "hold",
+    (JobState.WAITING, JobState.HELD): "hold",
+    (JobState.HELD, JobState.QUEUED): "release",
+    (JobState.HELD, JobState.WAITING): "release",
+    (JobState.WAITING, JobState.QUEUED): "dependency satisfied",
+    (JobState.QUEUED, JobState.RUNNING): "start",
+    (JobState.RUNNING, JobState.EXITING): "kill",
+    (JobState.RUNNING, JobState.FINISHED): "end",
+    (JobState.EXITING, JobState.FINISHED): "end",
+    (JobState.QUEUED, JobState.FINISHED): "cancel",
+    (JobState.HELD, JobState.FINISHED): "cancel",
+    (JobState.WAITING, JobState.FINISHED): "cancel",
+}
+
+_LETTERS: Final = {
+    JobState.QUEUED: "Q",
+    JobState.HELD: "H",
+    JobState.WAITING: "W",
+    JobState.RUNNING: "R",
+    JobState.EXITING: "E",
+}
+
+
+def state_letter(state: JobState, result: JobResult | None) -> str:
+    """PBS letter: Q H W R E, then C for a completed job and F for any other end."""
+    if state is JobState.FINISHED:
+        return "C" if result is JobResult.COMPLETED else "F"
+    return _LETTERS[state]
+
+
+class DependKind(StrEnum):
+    AFTEROK = "afterok"
+    AFTERNOTOK = "afternotok"
+    AFTERANY = "afterany"
+
+
+class Dependency(msgspec.Struct, frozen=True):
+    kind: DependKind
+    job: int
+
+
+def dependency_outcome(dep: Dependency, result: JobResult | None) -> bool | None:
+    """Whether ``dep`` is satisfied by a job that ended with ``result``.
+
+    Returns None while the job has not ended, True when satisfied, and False when
+    it can never be satisfied (the dependent job is then cancelled, as PBS does).
+    """
+    if result is None:
+        return None
+    if dep.kind is DependKind.AFTERANY:
+        return True
+    ok = result is JobResult.COMPLETED
+    return ok if dep.kind is DependKind.AFTEROK else not ok
+
+
+class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What a job asks for. ``mem_kb`` is for the whole job (PBS ``mem=``)."""
+
+    nodes: int = 1
+    ppn: int = 1
+    mem_kb: int | None = None
+    walltime: int = 3600
+
+    @property
+    def cpus(self) -> int:
+        return self.nodes * self.ppn
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A submission as the client sends it (identity is added by the server)."""
+
+    name: str
+    workdir: str
+    request: JobRequest
+    script: str | None = None
+    argv: list[str] | None = None
+    env: dict[str, str] = {}
+    stdout_path: str | None = None
+    stderr_path: str | None = None
+    join: bool = False
+    depends: list[Dependency] = []
+    hold: bool = False
+    array: list[int] | None = None
+    submit_args: str = ""
+
+
+class Allocation(msgspec.Struct, frozen=True):
+    node: str
+    cpus: list[int]
+
+
+class Job(msgspec.Struct, kw_only=True):
+    """The server's record of one job (one array task is one job)."""
+
+    id: int
+    name: str
+    user: str
+    uid: int
+    gid: int
+    group: str
+    workdir: str
+    request: JobRequest
+    submit_time: float
+    state: JobState
+    script: str | None = None
+    argv: list[str] | None = None
+    env: dict[str, str] = {}
+    stdout_path: str = ""
+    stderr_path: str = ""
+    join: bool = False
+    depends: list[Dependency] = []
+    array_id: int | None = None
+    array_index: int | None = None
+    submit_args: str = ""
+    result: JobResult | None = None
+    exit_status: int | None = None
+    signal: int | None = None
+    alloc: list[Allocation] = []
+    start_time: float | None = None
+    end_time: float | None = None
+    cputime_s: float | None = None
+    maxrss_kb: int | None = None
+    reason: str = ""
+    predicted_start: float | None = None
+    comment: str = ""
+
+    @property
+    def display_id(self) -> str:
+        if self.array_id is None:
+            return str(self.id)
+        return f"{self.array_id}[{self.array_index}]"
+
+
+def transition(job: Job, to: JobState) -> str:
+    """Move ``job`` to ``to`` and return the name of the event, or raise."""
+    event = TRANSITIONS.get((job.state, to))
+    if event is None:
+        raise InvalidTransition(
+            f"job {job.display_id} is {job.state}; it cannot become {to}"
+        )
+    job.state = to
+    return event

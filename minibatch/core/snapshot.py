@@ -1,0 +1,72 @@
+"""The policy's whole world: an immutable snapshot of the cluster, and its answer.
+
+A policy reads a :class:`ClusterSnapshot` and returns a :class:`Plan`. The server (live)
+and the simulator build snapshots the same way, so a policy cannot tell them apart.
+Policies see requested walltimes only, never real run times.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from minibatch.core.job import JobRequest
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """A node that can take work. Down and offline nodes are left out."""
+
+    name: str
+    cpus: int
+    free_cpus: int
+    mem_kb: int | None = None
+    free_mem_kb: int | None = None
+
+
+class RunningView(msgspec.Struct, frozen=True, kw_only=True):
+    """A running job: where it is and when it is expected to end at the latest."""
+
+    id: int
+    user: str
+    nodes: tuple[tuple[str, int], ...]
+    mem_kb_per_node: int | None
+    start_time: float
+    walltime: float
+
+    def expected_end(self, now: float) -> float:
+        """Start + requested time; a job past it is treated as ending now."""
+        return max(self.start_time + self.walltime, now)
+
+
+class PendingView(msgspec.Struct, frozen=True, kw_only=True):
+    """An eligible pending job (not held, no unmet dependency), in priority order."""
+
+    id: int
+    user: str
+    group: str
+    request: JobRequest
+    submit_time: float
+    priority: float = 0.0
+
+
+class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    now: float
+    generation: int
+    nodes: tuple[NodeView, ...]
+    running: tuple[RunningView, ...]
+    pending: tuple[PendingView, ...]
+
+
+class Start(msgspec.Struct, frozen=True):
+    """Start ``job`` with ``ppn`` CPUs on each named node (the server picks CPU ids)."""
+
+    job: int
+    nodes: tuple[str, ...]
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True):
+    generation: int
+    starts: list[Start] = []
+    #: For every pending job that does not start: why, in words a person understands.
+    reasons: dict[int, str] = {}
+    #: Predicted start times, where the policy can tell.
+    predicted: dict[int, float] = {}

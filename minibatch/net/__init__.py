@@ -1,0 +1,1 @@
+"""ZeroMQ plumbing shared by the daemons and the commands."""

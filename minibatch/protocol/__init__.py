@@ -1,0 +1,5 @@
+"""The wire protocol: versioned envelopes carrying typed, tagged messages (msgpack)."""
+
+from minibatch.protocol.codec import PROTOCOL_VERSION, decode, encode
+
+__all__ = ["PROTOCOL_VERSION", "decode", "encode"]

@@ -1,0 +1,53 @@
+"""Envelope encoding: ``{v, id, re, body}`` as msgpack.
+
+``id`` numbers a request per sender; a reply carries the request's id in ``re``
+(as jupyter's parent header does), so a client can match replies to requests.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from minibatch.errors import ErrorCode, ProtocolError
+from minibatch.protocol.messages import Message
+
+PROTOCOL_VERSION = 1
+
+
+class Envelope(msgspec.Struct, frozen=True, array_like=True):
+    v: int
+    id: int
+    re: int
+    body: Message
+
+
+class _Version(msgspec.Struct, array_like=True):
+    v: int
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Envelope)
+_version = msgspec.msgpack.Decoder(_Version)
+
+
+def encode(body: Message, id: int = 0, re: int = 0) -> bytes:
+    return _encoder.encode(Envelope(PROTOCOL_VERSION, id, re, body))
+
+
+def decode(frame: bytes) -> Envelope:
+    """Decode one frame; raise :class:`ProtocolError` naming what is wrong."""
+    try:
+        return _decoder.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        try:
+            v = _version.decode(frame).v
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            v = PROTOCOL_VERSION
+        if v != PROTOCOL_VERSION:
+            err = ProtocolError(
+                f"protocol version {v} is not supported (this daemon speaks "
+                f"{PROTOCOL_VERSION})"
+            )
+            err.code = ErrorCode.VERSION
+            raise err from exc
+        raise ProtocolError(f"malformed message: {exc}") from exc

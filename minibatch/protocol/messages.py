@@ -1,0 +1,266 @@
+"""Every message any two minibatch processes exchange.
+
+Each message is a frozen msgspec Struct with a tag (the ``type`` field on the
+wire), so a frame decodes straight to the right class and is validated on the way.
+Requests get exactly one reply: the reply named in the request's docstring, or
+:class:`Error`. Adding an optional field with a default is compatible; renaming or
+removing one bumps ``PROTOCOL_VERSION``.
+
+Roles: *clients* (the commands) send the client requests; the *scheduler* sends
+``SchedHello``, ``GetSnapshot`` and ``ApplyPlan`` and receives ``Wake``; a *node*
+sends ``NodeHello``, ``Heartbeat``, ``JobStarted`` and ``JobEnded`` and receives
+``Launch`` and ``Kill``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from minibatch.core.job import Job, JobResult, JobSpec
+from minibatch.core.snapshot import ClusterSnapshot, Plan
+
+
+class _Msg(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
+    pass
+
+
+# ----------------------------------------------------------------- replies
+
+
+class Ok(_Msg, frozen=True, kw_only=True, tag="ok"):
+    pass
+
+
+class Error(_Msg, frozen=True, kw_only=True, tag="error"):
+    code: int
+    message: str
+
+
+# --------------------------------------------------------- client requests
+
+
+class Status(_Msg, frozen=True, kw_only=True, tag="status"):
+    """-> ServerStatus"""
+
+
+class ServerStatus(_Msg, frozen=True, kw_only=True, tag="server_status"):
+    pid: int
+    endpoint: str
+    mqtt_url: str
+    policy: str
+    nodes: dict[str, str]
+    scheduler_pid: int | None
+    jobs: dict[str, int]
+
+
+class Submit(_Msg, frozen=True, kw_only=True, tag="submit"):
+    """-> Submitted. ``qsub``: one job, or one per index of ``spec.array``."""
+
+    spec: JobSpec
+
+
+class Submitted(_Msg, frozen=True, kw_only=True, tag="submitted"):
+    ids: list[int]
+    display: str
+
+
+class QueryJobs(_Msg, frozen=True, kw_only=True, tag="query_jobs"):
+    """-> JobList. Selectors are ``7``, ``7[]`` (a whole array) or ``7[2]``."""
+
+    selectors: list[str] = []
+    user: str | None = None
+    finished: bool = False
+    active: bool = True
+    since: float | None = None
+
+
+class JobList(_Msg, frozen=True, kw_only=True, tag="job_list"):
+    jobs: list[Job]
+
+
+class JobControl(_Msg, frozen=True, kw_only=True, tag="job_control"):
+    """-> JobList of the jobs changed. ``action``: cancel, hold or release."""
+
+    action: str
+    selectors: list[str]
+
+
+class Alter(_Msg, frozen=True, kw_only=True, tag="alter"):
+    """-> JobList. ``qalter`` of a pending job."""
+
+    selector: str
+    name: str | None = None
+    walltime: int | None = None
+    ncpus: int | None = None
+
+
+class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    state: str
+    cpus: list[int]
+    free_cpus: list[int]
+    mem_kb: int | None
+    jobs: dict[int, list[int]]
+    shared_cpus: list[int] = []
+    comment: str = ""
+    last_heartbeat: float | None = None
+    pid: int | None = None
+
+
+class QueryNodes(_Msg, frozen=True, kw_only=True, tag="query_nodes"):
+    """-> NodeList"""
+
+    names: list[str] = []
+
+
+class NodeList(_Msg, frozen=True, kw_only=True, tag="node_list"):
+    nodes: list[NodeInfo]
+
+
+class SetNodeOffline(_Msg, frozen=True, kw_only=True, tag="set_node_offline"):
+    """-> NodeList. ``pbsnodes -o`` / ``-c``; operators only."""
+
+    names: list[str]
+    offline: bool
+    comment: str = ""
+
+
+# ------------------------------------------------------------- scheduler
+
+
+class SchedHello(_Msg, frozen=True, kw_only=True, tag="sched_hello"):
+    """-> Ok. Registers the sender as the scheduler that receives ``Wake``."""
+
+    pid: int
+    policy: str
+
+
+class Wake(_Msg, frozen=True, kw_only=True, tag="wake"):
+    """Server -> scheduler: state changed; plan again. No reply."""
+
+    generation: int
+
+
+class GetSnapshot(_Msg, frozen=True, kw_only=True, tag="get_snapshot"):
+    """-> SnapshotReply"""
+
+
+class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot"):
+    snapshot: ClusterSnapshot
+
+
+class ApplyPlan(_Msg, frozen=True, kw_only=True, tag="apply_plan"):
+    """-> PlanResult. The server validates every start against current state."""
+
+    plan: Plan
+
+
+class PlanResult(_Msg, frozen=True, kw_only=True, tag="plan_result"):
+    started: list[int]
+    rejected: dict[int, str]
+
+
+# ------------------------------------------------------------------ nodes
+
+
+class NodeHello(_Msg, frozen=True, kw_only=True, tag="node_hello"):
+    """-> Ok. A node daemon (re)registers; ``running`` lists jobs it still runs."""
+
+    name: str
+    cpus: list[int]
+    mem_kb: int | None
+    pid: int
+    shared_cpus: list[int] = []
+    running: list[int] = []
+
+
+class Heartbeat(_Msg, frozen=True, kw_only=True, tag="heartbeat"):
+    """-> Ok"""
+
+    name: str
+    running: list[int]
+
+
+class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
+    job: int
+    display_id: str
+    name: str
+    user: str
+    uid: int
+    gid: int
+    workdir: str
+    script: str | None
+    argv: list[str] | None
+    env: dict[str, str]
+    stdout_path: str
+    stderr_path: str
+    join: bool
+    cpus: list[int]
+    hosts: list[str]
+    walltime: int
+    mem_kb: int | None
+    array_id: int | None = None
+    array_index: int | None = None
+
+
+class Launch(_Msg, frozen=True, kw_only=True, tag="launch"):
+    """Server -> node. No reply: the node answers with JobStarted or JobEnded."""
+
+    spec: LaunchSpec
+
+
+class Kill(_Msg, frozen=True, kw_only=True, tag="kill"):
+    """Server -> node: end the job's whole process tree. No reply."""
+
+    job: int
+    result: JobResult
+
+
+class JobStarted(_Msg, frozen=True, kw_only=True, tag="job_started"):
+    """-> Ok"""
+
+    job: int
+    pid: int
+    time: float
+
+
+class JobEnded(_Msg, frozen=True, kw_only=True, tag="job_ended"):
+    """-> Ok. Re-sent until acknowledged, so the server treats repeats as no-ops."""
+
+    job: int
+    result: JobResult
+    exit_status: int | None
+    signal: int | None
+    end_time: float
+    cputime_s: float
+    maxrss_kb: int
+    comment: str = ""
+
+
+Message = (
+    Ok
+    | Error
+    | Status
+    | ServerStatus
+    | Submit
+    | Submitted
+    | QueryJobs
+    | JobList
+    | JobControl
+    | Alter
+    | QueryNodes
+    | NodeList
+    | SetNodeOffline
+    | SchedHello
+    | Wake
+    | GetSnapshot
+    | SnapshotReply
+    | ApplyPlan
+    | PlanResult
+    | NodeHello
+    | Heartbeat
+    | Launch
+    | Kill
+    | JobStarted
+    | JobEnded
+)

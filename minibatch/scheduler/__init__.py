@@ -1,0 +1,1 @@
+"""mb-scheduler: decides which pending jobs start where (like Maui)."""

@@ -1,0 +1,1 @@
+"""mb-server: the resource manager (like pbs_server / slurmctld)."""

@@ -1,0 +1,343 @@
+"""Request handlers: one function per request type, in an explicit table.
+
+Each handler checks permissions and arguments before it changes anything, so a
+refused request changes nothing. The caller's identity is the socket's peer
+credentials (see :func:`~minibatch.server.submit.parse_peer`). Daemon messages
+(nodes, the scheduler) are accepted only from root or the cluster's owner.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from minibatch.core.job import PENDING_STATES, Job, JobState
+from minibatch.errors import InvalidArgument, NotFound, PermissionDenied
+from minibatch.protocol.messages import (
+    Alter,
+    ApplyPlan,
+    GetSnapshot,
+    Heartbeat,
+    JobControl,
+    JobEnded,
+    JobList,
+    JobStarted,
+    Message,
+    NodeHello,
+    NodeList,
+    Ok,
+    PlanResult,
+    QueryJobs,
+    QueryNodes,
+    SchedHello,
+    ServerStatus,
+    SetNodeOffline,
+    SnapshotReply,
+    Status,
+    Submit,
+    Submitted,
+)
+from minibatch.server import liveness
+from minibatch.server.state import ServerState
+from minibatch.server.submit import Caller
+
+
+@dataclass
+class Context:
+    """What handlers know besides the state: who may do what, and where things are."""
+
+    owner_uid: int = field(default_factory=os.getuid)
+    operators: frozenset[str] = frozenset()
+    endpoint: str = ""
+    mqtt_url: str = ""
+    pid: int = field(default_factory=os.getpid)
+
+    def is_daemon(self, caller: Caller | None) -> bool:
+        return caller is not None and caller.uid in (0, self.owner_uid)
+
+    def is_operator(self, caller: Caller | None) -> bool:
+        return self.is_daemon(caller) or (
+            caller is not None and caller.user in self.operators
+        )
+
+
+Handler = Callable[[ServerState, Context, Caller | None, bytes, Any], Message | None]
+
+
+def _need_caller(caller: Caller | None) -> Caller:
+    if caller is None:
+        raise PermissionDenied(
+            "requests must come over the local socket (no credentials)"
+        )
+    return caller
+
+
+def _need_daemon(ctx: Context, caller: Caller | None) -> None:
+    if not ctx.is_daemon(caller):
+        raise PermissionDenied("only the cluster's own daemons may send this message")
+
+
+def _may_control(ctx: Context, caller: Caller | None, job: Job) -> None:
+    c = _need_caller(caller)
+    if c.uid != job.uid and not ctx.is_operator(c):
+        raise PermissionDenied(
+            f"job {job.display_id} belongs to {job.user}, not {c.user}"
+        )
+
+
+def status(
+    state: ServerState, ctx: Context, caller: Caller | None, ident: bytes, msg: Status
+) -> Message:
+    counts: dict[str, int] = {}
+    for job in state.jobs.values():
+        counts[job.state.value] = counts.get(job.state.value, 0) + 1
+    return ServerStatus(
+        pid=ctx.pid,
+        endpoint=ctx.endpoint,
+        mqtt_url=ctx.mqtt_url,
+        policy=state.policy_name,
+        nodes={n.name: n.state.value for n in state.nodes.nodes.values()},
+        scheduler_pid=state.scheduler_pid,
+        jobs=counts,
+    )
+
+
+def submit(
+    state: ServerState, ctx: Context, caller: Caller | None, ident: bytes, msg: Submit
+) -> Message:
+    jobs = state.submit(msg.spec, _need_caller(caller))
+    display = f"{jobs[0].id}[]" if msg.spec.array else str(jobs[0].id)
+    return Submitted(ids=[j.id for j in jobs], display=display)
+
+
+def query_jobs(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: QueryJobs,
+) -> Message:
+    if msg.selectors:
+        found: dict[int, Job] = {}
+        for sel in msg.selectors:
+            for job in state.select(sel, finished=True):
+                found[job.id] = job
+        jobs = sorted(found.values(), key=lambda j: j.id)
+    else:
+        jobs = []
+        if msg.active:
+            jobs = [j for j in state.jobs.values() if msg.user in (None, j.user)]
+        if msg.finished:
+            jobs += state.store.finished_jobs(user=msg.user, since=msg.since)
+        jobs.sort(key=lambda j: j.id)
+    return JobList(jobs=jobs)
+
+
+def job_control(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: JobControl,
+) -> Message:
+    if msg.action not in ("cancel", "hold", "release"):
+        raise InvalidArgument(f"unknown job action {msg.action!r}")
+    if not msg.selectors:
+        raise InvalidArgument("no job id given")
+    jobs: list[Job] = []
+    for sel in msg.selectors:
+        jobs.extend(state.select(sel, finished=False))
+    for job in jobs:
+        _may_control(ctx, caller, job)
+        if msg.action == "hold" and job.state not in (
+            JobState.QUEUED,
+            JobState.WAITING,
+        ):
+            raise InvalidArgument(
+                f"job {job.display_id} is {job.state}; only pending jobs can be held"
+            )
+        if msg.action == "release" and job.state is not JobState.HELD:
+            raise InvalidArgument(f"job {job.display_id} is not held")
+    for job in jobs:
+        if msg.action == "cancel":
+            state.cancel(job)
+        elif msg.action == "hold":
+            state.hold(job)
+        else:
+            state.release(job)
+    return JobList(jobs=jobs)
+
+
+def alter(
+    state: ServerState, ctx: Context, caller: Caller | None, ident: bytes, msg: Alter
+) -> Message:
+    jobs = state.select(msg.selector, finished=False)
+    for job in jobs:
+        _may_control(ctx, caller, job)
+        if job.state not in PENDING_STATES:
+            raise InvalidArgument(
+                f"job {job.display_id} is {job.state}; only pending jobs can be altered"
+            )
+    for job in jobs:
+        state.alter(job, msg.name, msg.walltime, msg.ncpus)
+    return JobList(jobs=jobs)
+
+
+def query_nodes(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: QueryNodes,
+) -> Message:
+    nodes = state.nodes.nodes
+    for name in msg.names:
+        if name not in nodes:
+            raise NotFound(f"unknown node {name}")
+    names = msg.names or list(nodes)
+    return NodeList(nodes=[nodes[n].info() for n in names])
+
+
+def set_node_offline(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: SetNodeOffline,
+) -> Message:
+    if not ctx.is_operator(caller):
+        raise PermissionDenied(
+            "only operators may take nodes offline or bring them back"
+        )
+    nodes = state.nodes.nodes
+    for name in msg.names:
+        if name not in nodes:
+            raise NotFound(f"unknown node {name}")
+    for name in msg.names:
+        liveness.set_offline(state, nodes[name], msg.offline, msg.comment)
+    return NodeList(nodes=[nodes[n].info() for n in msg.names])
+
+
+def sched_hello(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: SchedHello,
+) -> Message:
+    _need_daemon(ctx, caller)
+    state.scheduler, state.scheduler_pid, state.policy_name = ident, msg.pid, msg.policy
+    state.wake = True
+    return Ok()
+
+
+def get_snapshot(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: GetSnapshot,
+) -> Message:
+    _need_daemon(ctx, caller)
+    return SnapshotReply(snapshot=state.snapshot())
+
+
+def apply_plan(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: ApplyPlan,
+) -> Message:
+    _need_daemon(ctx, caller)
+    started: list[int] = []
+    rejected: dict[int, str] = {}
+    for start in msg.plan.starts:
+        why = state.start(start.job, start.nodes)
+        if why is None:
+            started.append(start.job)
+        else:
+            rejected[start.job] = why
+    for jid, reason in msg.plan.reasons.items():
+        job = state.jobs.get(jid)
+        if job is not None and job.state is JobState.QUEUED:
+            job.reason = reason
+            job.predicted_start = msg.plan.predicted.get(jid)
+    return PlanResult(started=started, rejected=rejected)
+
+
+def node_hello(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: NodeHello,
+) -> Message:
+    _need_daemon(ctx, caller)
+    liveness.hello(state, msg)
+    return Ok()
+
+
+def heartbeat(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: Heartbeat,
+) -> Message:
+    _need_daemon(ctx, caller)
+    liveness.heartbeat(state, msg)
+    return Ok()
+
+
+def job_started(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: JobStarted,
+) -> Message:
+    _need_daemon(ctx, caller)
+    job = state.jobs.get(msg.job)
+    if job is not None and job.state in (JobState.RUNNING, JobState.EXITING):
+        state.store.event(job.id, msg.time, "launched", f"pid {msg.pid}")
+    return Ok()
+
+
+def job_ended(
+    state: ServerState, ctx: Context, caller: Caller | None, ident: bytes, msg: JobEnded
+) -> Message:
+    _need_daemon(ctx, caller)
+    job = state.jobs.get(msg.job)
+    if job is not None and job.state in (JobState.RUNNING, JobState.EXITING):
+        state.job_ended(
+            job,
+            msg.result,
+            exit_status=msg.exit_status,
+            signal=msg.signal,
+            end_time=msg.end_time,
+            cputime_s=msg.cputime_s,
+            maxrss_kb=msg.maxrss_kb,
+            comment=msg.comment,
+        )
+    return Ok()
+
+
+HANDLERS: dict[type, Handler] = {
+    Status: status,
+    Submit: submit,
+    QueryJobs: query_jobs,
+    JobControl: job_control,
+    Alter: alter,
+    QueryNodes: query_nodes,
+    SetNodeOffline: set_node_offline,
+    SchedHello: sched_hello,
+    GetSnapshot: get_snapshot,
+    ApplyPlan: apply_plan,
+    NodeHello: node_hello,
+    Heartbeat: heartbeat,
+    JobStarted: job_started,
+    JobEnded: job_ended,
+}

@@ -1,0 +1,107 @@
+"""Node registration, heartbeats and failure detection.
+
+A node daemon says hello with its CPUs, memory and the jobs it still runs, then
+sends heartbeats. The server reconciles what it believes with what the node says:
+
+* a node whose daemon restarted (new pid) lost its jobs: they end ``node_fail``;
+* the same daemon re-registering (the server restarted) keeps its jobs: any that
+  ended meanwhile arrive as re-sent ``JobEnded`` reports;
+* a job a node stops listing for :data:`~minibatch.server.state.LOST_AFTER_MISSES`
+  heartbeats in a row, with no end report, was lost: ``node_fail``;
+* a job a node runs that the server does not know is killed;
+* a node silent for ``node_timeout`` seconds is down and its jobs end ``node_fail``.
+"""
+
+from __future__ import annotations
+
+from minibatch.core.job import ACTIVE_STATES, JobResult
+from minibatch.errors import NotFound
+from minibatch.protocol.messages import Heartbeat, Kill, NodeHello
+from minibatch.server.nodes import Node
+from minibatch.server.state import LOST_AFTER_MISSES, ServerState, node_identity
+
+
+def _jobs_on(state: ServerState, node: Node) -> set[int]:
+    return set(node.used.values())
+
+
+def hello(state: ServerState, msg: NodeHello) -> None:
+    now = state.clock()
+    node = state.nodes.nodes.get(msg.name)
+    restarted = node is not None and node.pid is not None and node.pid != msg.pid
+    if node is None:
+        node = Node(name=msg.name, cpus=sorted(msg.cpus))
+        state.nodes.nodes[msg.name] = node
+    node.cpus, node.mem_kb, node.shared_cpus = (
+        sorted(msg.cpus),
+        msg.mem_kb,
+        msg.shared_cpus,
+    )
+    node.pid, node.up, node.last_heartbeat = msg.pid, True, now
+    node.misses = {}
+    state.store.put_node(node)
+    reported = set(msg.running)
+    for jid in sorted(_jobs_on(state, node)):
+        job = state.jobs.get(jid)
+        if job is not None and restarted and jid not in reported:
+            state.job_ended(
+                job, JobResult.NODE_FAIL, comment=f"node {node.name} restarted"
+            )
+    for jid in sorted(reported - _jobs_on(state, node)):
+        state.outbox.append(
+            (node_identity(node.name), Kill(job=jid, result=JobResult.CANCELLED))
+        )
+    state.publish_node(node)
+    state.changed()
+
+
+def heartbeat(state: ServerState, msg: Heartbeat) -> None:
+    node = state.nodes.nodes.get(msg.name)
+    if node is None or not node.up:
+        # Unknown, or declared down meanwhile: the node must say hello again.
+        raise NotFound(f"node {msg.name} is not registered")
+    node.last_heartbeat = state.clock()
+    reported = set(msg.running)
+    for jid in sorted(_jobs_on(state, node)):
+        job = state.jobs.get(jid)
+        if job is None or jid in reported or job.alloc[0].node != node.name:
+            node.misses.pop(jid, None)
+            continue
+        node.misses[jid] = node.misses.get(jid, 0) + 1
+        if node.misses[jid] >= LOST_AFTER_MISSES:
+            state.job_ended(
+                job, JobResult.NODE_FAIL, comment=f"node {node.name} lost the job"
+            )
+    for jid in sorted(reported - _jobs_on(state, node)):
+        state.outbox.append(
+            (node_identity(node.name), Kill(job=jid, result=JobResult.CANCELLED))
+        )
+
+
+def set_offline(state: ServerState, node: Node, offline: bool, comment: str) -> None:
+    node.offline, node.comment = offline, (comment if offline else "")
+    state.store.put_node(node)
+    state.publish_node(node)
+    state.changed()
+
+
+def check_nodes(state: ServerState, timeout: float) -> None:
+    """Declare silent nodes down and fail the jobs they held."""
+    now = state.clock()
+    for node in state.nodes.nodes.values():
+        silent = node.last_heartbeat is None or now - node.last_heartbeat > timeout
+        if not silent:
+            continue
+        if node.up:
+            node.up = False
+            state.store.put_node(node)
+            state.publish_node(node)
+            state.changed()
+        for jid in sorted(_jobs_on(state, node)):
+            job = state.jobs.get(jid)
+            if job is not None and job.state in ACTIVE_STATES:
+                state.job_ended(
+                    job,
+                    JobResult.NODE_FAIL,
+                    comment=f"node {node.name} stopped responding",
+                )

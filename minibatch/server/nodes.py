@@ -1,0 +1,164 @@
+"""The server's node registry: what each node has, what is allocated, who is up.
+
+Mechanism only: the scheduler says *which nodes* and how many CPUs; this module
+picks the concrete CPU ids (lowest free first, so allocations are compact and
+predictable) and refuses anything that does not fit right now.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import msgspec
+
+from minibatch.core.job import Allocation, JobRequest
+from minibatch.core.snapshot import NodeView
+from minibatch.policy.base import mem_per_node
+from minibatch.protocol.messages import NodeInfo
+
+
+class NodeState(StrEnum):
+    FREE = "free"
+    BUSY = "job-exclusive"
+    DOWN = "down"
+    OFFLINE = "offline"
+
+
+class Node(msgspec.Struct, kw_only=True):
+    """A node as the server knows it. ``pid`` identifies the daemon's incarnation."""
+
+    name: str
+    cpus: list[int]
+    mem_kb: int | None = None
+    shared_cpus: list[int] = []
+    offline: bool = False
+    comment: str = ""
+    pid: int | None = None
+    up: bool = False
+    last_heartbeat: float | None = None
+    #: CPU id -> job id holding it.
+    used: dict[int, int] = {}
+    #: job id -> memory it holds on this node (KB).
+    mem_used: dict[int, int] = {}
+    #: job id -> consecutive heartbeats that did not list it (lost-job detection).
+    misses: dict[int, int] = {}
+
+    @property
+    def state(self) -> NodeState:
+        if not self.up:
+            return NodeState.DOWN
+        if self.offline:
+            return NodeState.OFFLINE
+        return NodeState.BUSY if len(self.used) >= len(self.cpus) else NodeState.FREE
+
+    @property
+    def usable(self) -> bool:
+        return self.up and not self.offline
+
+    def free_cpus(self) -> list[int]:
+        return [c for c in self.cpus if c not in self.used]
+
+    def free_mem_kb(self) -> int | None:
+        if self.mem_kb is None:
+            return None
+        return self.mem_kb - sum(self.mem_used.values())
+
+    def view(self) -> NodeView:
+        return NodeView(
+            name=self.name,
+            cpus=len(self.cpus),
+            free_cpus=len(self.cpus) - len(self.used),
+            mem_kb=self.mem_kb,
+            free_mem_kb=self.free_mem_kb(),
+        )
+
+    def info(self) -> NodeInfo:
+        jobs: dict[int, list[int]] = {}
+        for cpu, job in sorted(self.used.items()):
+            jobs.setdefault(job, []).append(cpu)
+        return NodeInfo(
+            name=self.name,
+            state=self.state.value,
+            cpus=self.cpus,
+            free_cpus=self.free_cpus(),
+            mem_kb=self.mem_kb,
+            jobs=jobs,
+            shared_cpus=self.shared_cpus,
+            comment=self.comment,
+            last_heartbeat=self.last_heartbeat,
+            pid=self.pid,
+        )
+
+
+class NodeRegistry:
+    def __init__(self, nodes: list[Node]) -> None:
+        self.nodes: dict[str, Node] = {n.name: n for n in nodes}
+
+    def feasible(self, req: JobRequest) -> str | None:
+        """Why no configuration of known nodes could ever run ``req``, or None."""
+        if not self.nodes:
+            return "the cluster has no nodes"
+        mem = mem_per_node(req)
+        fitting = [
+            n
+            for n in self.nodes.values()
+            if len(n.cpus) >= req.ppn
+            and (mem is None or n.mem_kb is None or n.mem_kb >= mem)
+        ]
+        if len(fitting) >= req.nodes:
+            return None
+        biggest = max(len(n.cpus) for n in self.nodes.values())
+        if req.nodes == 1 and req.ppn > biggest:
+            return f"{req.ppn} CPUs requested but the largest node has {biggest}"
+        if mem is not None and all(
+            n.mem_kb is not None and n.mem_kb < mem for n in self.nodes.values()
+        ):
+            most = max(n.mem_kb or 0 for n in self.nodes.values())
+            return (
+                f"{mem} KB of memory per node requested but the largest has {most} KB"
+            )
+        return (
+            f"{req.nodes} nodes with {req.ppn} CPUs each requested but only "
+            f"{len(fitting)} of the {len(self.nodes)} nodes are that large"
+        )
+
+    def allocate(
+        self, job: int, names: tuple[str, ...], req: JobRequest
+    ) -> list[Allocation] | str:
+        """Allocate ``req.ppn`` CPUs on each named node, or say why not (no change)."""
+        if len(names) != req.nodes or len(set(names)) != len(names):
+            return f"needs {req.nodes} distinct nodes, plan gave {list(names)}"
+        mem = mem_per_node(req)
+        for name in names:
+            node = self.nodes.get(name)
+            if node is None or not node.usable:
+                return f"node {name} is not available"
+            if len(node.cpus) - len(node.used) < req.ppn:
+                return f"node {name} has fewer than {req.ppn} free CPUs"
+            free_mem = node.free_mem_kb()
+            if mem is not None and free_mem is not None and free_mem < mem:
+                return f"node {name} has less than {mem} KB of free memory"
+        allocs = []
+        for name in names:
+            node = self.nodes[name]
+            cpus = node.free_cpus()[: req.ppn]
+            for cpu in cpus:
+                node.used[cpu] = job
+            if mem is not None:
+                node.mem_used[job] = mem
+            allocs.append(Allocation(name, cpus))
+        return allocs
+
+    def release(self, job: int, allocs: list[Allocation]) -> None:
+        for alloc in allocs:
+            node = self.nodes.get(alloc.node)
+            if node is None:
+                continue
+            for cpu in alloc.cpus:
+                if node.used.get(cpu) == job:
+                    del node.used[cpu]
+            node.mem_used.pop(job, None)
+            node.misses.pop(job, None)
+
+    def views(self) -> tuple[NodeView, ...]:
+        return tuple(n.view() for n in self.nodes.values() if n.usable)

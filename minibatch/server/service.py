@@ -1,0 +1,187 @@
+"""mb-server: the asyncio shell around :class:`~minibatch.server.state.ServerState`.
+
+One ROUTER socket serves everyone: commands, the scheduler and the node daemons.
+The loop takes every request already waiting (up to :data:`BATCH`), handles them,
+commits the resulting writes in **one** transaction, and only then sends replies,
+daemon messages, MQTT events and the scheduler's wake-up. Acknowledged means
+committed, and a burst of submissions costs one commit rather than one each.
+
+Nothing a client sends can stop the loop: malformed frames get an error reply,
+handler errors become coded error replies, and unexpected exceptions are logged
+with their traceback and answered with ``INTERNAL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from minibatch import config as configuration
+from minibatch.daemon import setup_logging, single_instance, stop_on_signals
+from minibatch.errors import ErrorCode, MinibatchError, ProtocolError
+from minibatch.events.publisher import EventPublisher
+from minibatch.protocol import decode, encode
+from minibatch.protocol.messages import Error
+from minibatch.server import liveness
+from minibatch.server.handlers import HANDLERS, Context
+from minibatch.server.state import ServerState
+from minibatch.server.store import Store
+from minibatch.server.submit import parse_peer
+
+log = logging.getLogger("minibatch.server")
+
+#: Requests handled per commit at most; bounds reply latency under a flood.
+BATCH = 512
+
+
+class Server:
+    def __init__(
+        self, paths: configuration.Paths, config: configuration.Config
+    ) -> None:
+        self.paths, self.config = paths, config
+        self.endpoint = config.server_endpoint(paths)
+        store = Store(paths.database, config.server.sqlite_synchronous)
+        self.state = ServerState(store)
+        url = configuration.mqtt_url(paths, config)
+        self.ctx = Context(
+            operators=frozenset(config.server.operators),
+            endpoint=self.endpoint,
+            mqtt_url=url,
+        )
+        self.publisher = EventPublisher(url, config.mqtt.topic_prefix)
+        self.sock: zmq.asyncio.Socket | None = None
+
+    def handle(self, frames: list[zmq.Frame]) -> bytes | None:
+        """One request in, at most one encoded reply out; never raises."""
+        rid = 0
+        try:
+            if len(frames) != 2:
+                raise ProtocolError(
+                    f"expected one message frame, got {len(frames) - 1}"
+                )
+            env = decode(frames[1].bytes)
+            rid = env.id
+            handler = HANDLERS.get(type(env.body))
+            if handler is None:
+                err = ProtocolError(f"{type(env.body).__name__} is not a request")
+                err.code = ErrorCode.UNKNOWN_TYPE
+                raise err
+            caller = parse_peer(str(frames[1].get("Peer-Address")))
+            reply = handler(self.state, self.ctx, caller, frames[0].bytes, env.body)
+        except MinibatchError as exc:
+            reply = Error(code=int(exc.code), message=str(exc))
+        except Exception as exc:
+            log.exception("request failed")
+            reply = Error(
+                code=int(ErrorCode.INTERNAL), message=f"internal error: {exc}"
+            )
+        return None if reply is None else encode(reply, re=rid)
+
+    def flush(self) -> None:
+        """Commit, then perform everything the state queued."""
+        state = self.state
+        state.store.commit()
+        sock = self.sock
+        assert sock is not None
+        for identity, message in state.outbox:
+            self._send(identity, encode(message))
+        state.outbox.clear()
+        for topic, payload in state.events:
+            self.publisher.publish(topic, payload)
+        state.events.clear()
+        wake = state.take_wake()
+        if wake is not None and state.scheduler is not None:
+            self._send(state.scheduler, encode(wake))
+
+    def _send(self, identity: bytes, data: bytes) -> None:
+        assert self.sock is not None
+        with contextlib.suppress(zmq.Again, zmq.ZMQError):
+            # A peer that vanished is not an error here: nodes re-register,
+            # the scheduler polls, and clients time out cleanly.
+            self.sock.send_multipart([identity, data], flags=zmq.NOBLOCK)
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        sock.bind(self.endpoint)
+        if self.endpoint.startswith("ipc://"):
+            # Any local user may submit; identity comes from peer credentials.
+            os.chmod(self.endpoint[len("ipc://") :], 0o777)
+        self.sock = sock
+        log.info("serving on %s (%d active jobs)", self.endpoint, len(self.state.jobs))
+        tasks = [
+            asyncio.create_task(self.publisher.run()),
+            asyncio.create_task(self._watch_nodes()),
+            asyncio.create_task(self._receive()),
+        ]
+        await stop.wait()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.state.store.commit()
+        sock.close(0)
+        self.state.store.close()
+        log.info("stopped")
+
+    async def _receive(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        while True:
+            batch = [await sock.recv_multipart(copy=False)]
+            while len(batch) < BATCH:
+                try:
+                    batch.append(
+                        await sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                    )
+                except zmq.Again:
+                    break
+            replies = [(frames[0].bytes, self.handle(frames)) for frames in batch]
+            self.state.store.commit()
+            for identity, reply in replies:
+                if reply is not None:
+                    self._send(identity, reply)
+            self.flush()
+
+    async def _watch_nodes(self) -> None:
+        interval = min(1.0, self.config.server.node_timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            liveness.check_nodes(self.state, self.config.server.node_timeout)
+            if self.state.store.dirty or self.state.outbox or self.state.events:
+                self.flush()
+
+
+async def _main(paths: configuration.Paths) -> None:
+    config = configuration.load(paths)
+    server = Server(paths, config)
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    await server.serve(stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="mb-server", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    setup_logging("mb-server", args.verbose)
+    paths = configuration.Paths.from_env()
+    paths.make()
+    _lock = single_instance(Path(paths.run / "server.lock"), "mb-server")
+    try:
+        asyncio.run(_main(paths))
+    except MinibatchError as exc:
+        raise SystemExit(f"mb-server: {exc}") from None
+    finally:
+        _lock.close()

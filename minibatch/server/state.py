@@ -1,0 +1,446 @@
+"""The resource manager's state machine, free of IO.
+
+:class:`ServerState` owns jobs and nodes. Each handler validates first, then
+changes state, queueing the consequences instead of performing them: database
+writes go to the :class:`~minibatch.server.store.Store` (committed by the service
+before any reply leaves), messages for daemons to :attr:`outbox`, MQTT events to
+:attr:`events`, and :attr:`wake` asks the scheduler for a pass. The service in
+``service.py`` performs them, so this module is tested without sockets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from minibatch.core.job import (
+    PENDING_STATES,
+    Job,
+    JobResult,
+    JobSpec,
+    JobState,
+    dependency_outcome,
+    transition,
+)
+from minibatch.core.snapshot import ClusterSnapshot, PendingView, RunningView
+from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
+from minibatch.policy.base import mem_per_node
+from minibatch.protocol.messages import Kill, Launch, LaunchSpec, Message, Wake
+from minibatch.server.nodes import Node, NodeRegistry
+from minibatch.server.store import Store
+from minibatch.server.submit import Caller, build_jobs, check_spec
+
+#: Heartbeats in a row that may omit a running job before it counts as lost.
+LOST_AFTER_MISSES = 3
+
+
+def node_identity(name: str) -> bytes:
+    return b"node:" + name.encode()
+
+
+class ServerState:
+    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+        self.jobs: dict[int, Job] = {}
+        self.arrays: dict[int, list[int]] = {}
+        self.dependents: dict[int, set[int]] = {}
+        self.next_id = store.next_id()
+        self.generation = 0
+        self.scheduler: bytes | None = None
+        self.scheduler_pid: int | None = None
+        self.policy_name = ""
+        self.outbox: list[tuple[bytes, Message]] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.wake = False
+        now = clock()
+        nodes = store.load_nodes()
+        for node in nodes:
+            # Runtime fields start afresh: allocations are rebuilt from the jobs,
+            # and the node counts as down until its daemon says hello again.
+            node.up, node.used, node.mem_used, node.misses = False, {}, {}, {}
+            node.last_heartbeat = now
+        self.nodes = NodeRegistry(nodes)
+        for job in store.load_jobs():
+            self._index(job)
+            for alloc in job.alloc:
+                holder = self.nodes.nodes.get(alloc.node)
+                if holder is not None:
+                    for cpu in alloc.cpus:
+                        holder.used[cpu] = job.id
+                    mem = mem_per_node(job.request)
+                    if mem is not None:
+                        holder.mem_used[job.id] = mem
+
+    # ------------------------------------------------------------ helpers
+
+    def _index(self, job: Job) -> None:
+        self.jobs[job.id] = job
+        if job.array_id is not None:
+            self.arrays.setdefault(job.array_id, []).append(job.id)
+        if job.state is JobState.WAITING or (
+            job.state is JobState.HELD and job.depends
+        ):
+            for dep in job.depends:
+                self.dependents.setdefault(dep.job, set()).add(job.id)
+
+    def _unindex(self, job: Job) -> None:
+        self.jobs.pop(job.id, None)
+        if job.array_id is not None:
+            tasks = self.arrays.get(job.array_id)
+            if tasks is not None:
+                tasks.remove(job.id)
+                if not tasks:
+                    del self.arrays[job.array_id]
+
+    def changed(self) -> None:
+        self.generation += 1
+        self.wake = True
+
+    def record(self, job: Job, event: str, detail: str = "") -> None:
+        """Log ``event`` in the job's event log and publish it."""
+        now = self.clock()
+        self.store.event(job.id, now, event, detail)
+        self.events.append(
+            (f"jobs/{job.display_id}/{event}", job_event(job, event, now, detail))
+        )
+
+    def publish_node(self, node: Node) -> None:
+        self.events.append(
+            (
+                f"nodes/{node.name}/state",
+                {"name": node.name, "state": node.state.value, "time": self.clock()},
+            )
+        )
+
+    def take_wake(self) -> Message | None:
+        if not self.wake or self.scheduler is None:
+            self.wake = False
+            return None
+        self.wake = False
+        return Wake(generation=self.generation)
+
+    # ------------------------------------------------------------- lookup
+
+    def select(self, selector: str, *, finished: bool = True) -> list[Job]:
+        """Jobs named by ``7``, ``7.host``, ``7[]`` (whole array) or ``7[2]``."""
+        text = selector.strip().split(".", 1)[0]
+        base, bracket, rest = text.partition("[")
+        if not base.isdigit() or (bracket and not rest.endswith("]")):
+            raise InvalidArgument(f"malformed job id {selector!r}")
+        jid, index = int(base), rest[:-1] if bracket else None
+        if index == "":
+            found = [self.jobs[i] for i in self.arrays.get(jid, [])]
+            if finished:
+                found += self.store.finished_in_array(jid)
+            found.sort(key=lambda j: j.id)
+        elif index is not None:
+            if not index.isdigit():
+                raise InvalidArgument(f"malformed array index in {selector!r}")
+            found = [
+                j
+                for j in self._array_tasks(jid, finished)
+                if j.array_index == int(index)
+            ]
+        else:
+            job = self.jobs.get(jid) or (
+                self.store.is_finished(jid) if finished else None
+            )
+            found = [job] if job is not None else []
+        if not found:
+            raise NotFound(f"unknown job id {selector}")
+        return found
+
+    def _array_tasks(self, array_id: int, finished: bool) -> list[Job]:
+        tasks = [self.jobs[i] for i in self.arrays.get(array_id, [])]
+        return tasks + (self.store.finished_in_array(array_id) if finished else [])
+
+    # ---------------------------------------------------------- submission
+
+    def submit(self, spec: JobSpec, caller: Caller) -> list[Job]:
+        check_spec(spec)
+        why = self.nodes.feasible(spec.request)
+        if why is not None:
+            raise InfeasibleRequest(f"job can never run: {why}")
+        outcomes: list[bool | None] = []
+        for dep in spec.depends:
+            target = self.jobs.get(dep.job)
+            if target is not None:
+                outcomes.append(None)
+                continue
+            done = self.store.is_finished(dep.job)
+            if done is None:
+                raise NotFound(f"dependency on unknown job {dep.job}")
+            outcomes.append(dependency_outcome(dep, done.result))
+        now = self.clock()
+        if spec.hold:
+            state = JobState.HELD
+        elif all(o is True for o in outcomes):
+            state = JobState.QUEUED
+        else:
+            state = JobState.WAITING
+        jobs = build_jobs(spec, caller, self.next_id, now, state)
+        self.next_id += len(jobs)
+        self.store.set_next_id(self.next_id)
+        for job in jobs:
+            self._index(job)
+            self.store.put_job(job)
+            self.record(job, "submitted", job.submit_args)
+            self._set_pending_reason(job)
+        if False in outcomes:
+            for job in jobs:
+                self._cancel_unsatisfiable(job)
+        self.changed()
+        return jobs
+
+    def _set_pending_reason(self, job: Job) -> None:
+        if job.state is JobState.HELD:
+            job.reason = "held (user hold)"
+        elif job.state is JobState.WAITING:
+            waiting = [d.job for d in job.depends if d.job in self.jobs]
+            ids = ", ".join(map(str, waiting))
+            job.reason = f"dependency on {ids}" if waiting else "dependency"
+        elif job.state is JobState.QUEUED:
+            job.reason = "waiting for the scheduler"
+
+    # ------------------------------------------------------------ control
+
+    def cancel(self, job: Job, comment: str = "cancelled by qdel") -> None:
+        if job.state in PENDING_STATES:
+            self._finish(job, JobResult.CANCELLED, comment=comment)
+        elif job.state is JobState.RUNNING:
+            transition(job, JobState.EXITING)
+            job.comment = comment
+            self.store.put_job(job)
+            self.record(job, "exiting", comment)
+            self.outbox.append(
+                (
+                    node_identity(job.alloc[0].node),
+                    Kill(job=job.id, result=JobResult.CANCELLED),
+                )
+            )
+        elif job.state is JobState.EXITING:
+            self.outbox.append(
+                (
+                    node_identity(job.alloc[0].node),
+                    Kill(job=job.id, result=JobResult.CANCELLED),
+                )
+            )
+
+    def hold(self, job: Job) -> None:
+        transition(job, JobState.HELD)
+        self.store.put_job(job)
+        self.record(job, "held")
+        self._set_pending_reason(job)
+        self.changed()
+
+    def release(self, job: Job) -> None:
+        if job.state is not JobState.HELD:
+            raise InvalidArgument(f"job {job.display_id} is not held")
+        pending = [d for d in job.depends if d.job in self.jobs]
+        transition(job, JobState.WAITING if pending else JobState.QUEUED)
+        self.store.put_job(job)
+        self.record(job, "released")
+        self._set_pending_reason(job)
+        self.changed()
+
+    def alter(
+        self, job: Job, name: str | None, walltime: int | None, ncpus: int | None
+    ) -> None:
+        if job.state not in PENDING_STATES:
+            raise InvalidArgument(
+                f"job {job.display_id} is {job.state}; only pending jobs can be altered"
+            )
+        request = job.request
+        if walltime is not None:
+            request = msgspec.structs.replace(request, walltime=walltime)
+        if ncpus is not None:
+            if request.nodes != 1:
+                raise InvalidArgument("ncpus can only be altered for single-node jobs")
+            request = msgspec.structs.replace(request, ppn=ncpus)
+        new_name = job.name if name is None else name
+        check_spec(
+            JobSpec(name=new_name, workdir=job.workdir, request=request, argv=["x"])
+        )
+        why = self.nodes.feasible(request)
+        if why is not None:
+            raise InfeasibleRequest(f"job could never run: {why}")
+        job.name, job.request = new_name, request
+        self.store.put_job(job)
+        self.record(job, "altered")
+        self.changed()
+
+    # --------------------------------------------------------- scheduling
+
+    def snapshot(self) -> ClusterSnapshot:
+        now = self.clock()
+        running = []
+        pending = []
+        for job in self.jobs.values():
+            if job.state is JobState.QUEUED:
+                pending.append(
+                    PendingView(
+                        id=job.id,
+                        user=job.user,
+                        group=job.group,
+                        request=job.request,
+                        submit_time=job.submit_time,
+                    )
+                )
+            elif job.alloc:
+                running.append(
+                    RunningView(
+                        id=job.id,
+                        user=job.user,
+                        nodes=tuple((a.node, len(a.cpus)) for a in job.alloc),
+                        mem_kb_per_node=mem_per_node(job.request),
+                        start_time=job.start_time or now,
+                        walltime=job.request.walltime,
+                    )
+                )
+        pending.sort(key=lambda p: (p.submit_time, p.id))
+        return ClusterSnapshot(
+            now=now,
+            generation=self.generation,
+            nodes=self.nodes.views(),
+            running=tuple(running),
+            pending=tuple(pending),
+        )
+
+    def start(self, job_id: int, names: tuple[str, ...]) -> str | None:
+        """Validate and apply one start decision; the reason it is refused, or None."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state is not JobState.QUEUED:
+            return f"job {job_id} is not queued"
+        allocs = self.nodes.allocate(job.id, names, job.request)
+        if isinstance(allocs, str):
+            return allocs
+        transition(job, JobState.RUNNING)
+        job.alloc, job.start_time, job.reason = allocs, self.clock(), ""
+        job.predicted_start = None
+        self.store.put_job(job)
+        self.record(job, "started", " ".join(f"{a.node}/{a.cpus}" for a in allocs))
+        self.outbox.append(
+            (node_identity(allocs[0].node), Launch(spec=launch_spec(job)))
+        )
+        self.generation += 1
+        return None
+
+    # --------------------------------------------------------------- ends
+
+    def job_ended(
+        self,
+        job: Job,
+        result: JobResult,
+        *,
+        exit_status: int | None = None,
+        signal: int | None = None,
+        end_time: float | None = None,
+        cputime_s: float | None = None,
+        maxrss_kb: int | None = None,
+        comment: str = "",
+    ) -> None:
+        job.exit_status, job.signal = exit_status, signal
+        job.cputime_s, job.maxrss_kb = cputime_s, maxrss_kb
+        self._finish(job, result, end_time=end_time, comment=comment)
+
+    def _finish(
+        self,
+        job: Job,
+        result: JobResult,
+        *,
+        end_time: float | None = None,
+        comment: str = "",
+    ) -> None:
+        transition(job, JobState.FINISHED)
+        job.result, job.end_time = result, end_time or self.clock()
+        job.reason, job.predicted_start = "", None
+        if comment:
+            job.comment = comment
+        self.nodes.release(job.id, job.alloc)
+        self._unindex(job)
+        self.store.finish_job(job)
+        self.record(job, "finished", result.value + (f": {comment}" if comment else ""))
+        self.changed()
+        for dep_id in sorted(self.dependents.pop(job.id, ())):
+            dependent = self.jobs.get(dep_id)
+            if dependent is not None:
+                self._dependency_update(dependent)
+
+    def _dependency_update(self, job: Job) -> None:
+        outcomes: list[bool | None] = []
+        for dep in job.depends:
+            if dep.job in self.jobs:
+                outcomes.append(None)
+            else:
+                done = self.store.is_finished(dep.job)
+                if done is None:
+                    raise AssertionError(f"{dep.job} vanished")
+                outcomes.append(dependency_outcome(dep, done.result))
+        if False in outcomes:
+            self._cancel_unsatisfiable(job)
+        elif all(o is True for o in outcomes) and job.state is JobState.WAITING:
+            transition(job, JobState.QUEUED)
+            self.store.put_job(job)
+            self.record(job, "eligible", "dependencies satisfied")
+            self._set_pending_reason(job)
+        else:
+            self._set_pending_reason(job)
+
+    def _cancel_unsatisfiable(self, job: Job) -> None:
+        failed = [
+            f"{d.kind}:{d.job}"
+            for d in job.depends
+            if d.job not in self.jobs
+            and (done := self.store.is_finished(d.job)) is not None
+            and dependency_outcome(d, done.result) is False
+        ]
+        self._finish(
+            job,
+            JobResult.CANCELLED,
+            comment=f"dependency can never be satisfied ({', '.join(failed)})",
+        )
+
+
+def launch_spec(job: Job) -> LaunchSpec:
+    return LaunchSpec(
+        job=job.id,
+        display_id=job.display_id,
+        name=job.name,
+        user=job.user,
+        uid=job.uid,
+        gid=job.gid,
+        workdir=job.workdir,
+        script=job.script,
+        argv=job.argv,
+        env=job.env,
+        stdout_path=job.stdout_path,
+        stderr_path=job.stderr_path,
+        join=job.join,
+        cpus=job.alloc[0].cpus,
+        hosts=[a.node for a in job.alloc],
+        walltime=job.request.walltime,
+        mem_kb=mem_per_node(job.request),
+        array_id=job.array_id,
+        array_index=job.array_index,
+    )
+
+
+def job_event(job: Job, event: str, when: float, detail: str) -> dict[str, Any]:
+    """The JSON payload published for a job event."""
+    return {
+        "id": job.display_id,
+        "event": event,
+        "time": when,
+        "detail": detail,
+        "name": job.name,
+        "user": job.user,
+        "state": job.state.value,
+        "result": job.result.value if job.result else None,
+        "exit_status": job.exit_status,
+        "node": job.alloc[0].node if job.alloc else None,
+        "cpus": job.alloc[0].cpus if job.alloc else [],
+    }
