@@ -22,7 +22,7 @@ import time
 from minibatch import config as configuration
 from minibatch.daemon import setup_logging, single_instance, stop_on_signals
 from minibatch.errors import MinibatchError, Unavailable
-from minibatch.net.client import AsyncClient
+from minibatch.net.aio import AsyncClient
 from minibatch.policy import registry
 from minibatch.policy.base import Policy
 from minibatch.protocol.messages import (
@@ -36,6 +36,9 @@ from minibatch.protocol.messages import (
 )
 
 log = logging.getLogger("minibatch.scheduler")
+
+#: Seconds between attempts to reach the server while unregistered.
+RETRY = 0.1
 
 
 class Scheduler:
@@ -100,6 +103,11 @@ class Scheduler:
                 registered = False
             except MinibatchError as exc:
                 log.error("pass failed: %s", exc)
+            if not registered:
+                # Not yet connected (or the server is restarting): retry soon,
+                # not after a whole periodic interval.
+                await asyncio.sleep(RETRY)
+                continue
             await self._wait(stop)
             if not self.wanted.is_set():
                 registered = False  # periodic pass: re-register, the server may be new

@@ -302,6 +302,9 @@ def job_started(
     _need_daemon(ctx, caller)
     job = state.jobs.get(msg.job)
     if job is not None and job.state in (JobState.RUNNING, JobState.EXITING):
+        # The start that counts is when the process exists, not when it was planned.
+        job.start_time = msg.time
+        state.store.put_job(job)
         state.store.event(job.id, msg.time, "launched", f"pid {msg.pid}")
     return Ok()
 

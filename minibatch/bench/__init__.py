@@ -1,0 +1,1 @@
+"""Benchmarks (``mb bench ...``): speed is measured here, never asserted in tests."""

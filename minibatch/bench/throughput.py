@@ -1,0 +1,205 @@
+"""``mb bench throughput``: how fast a live cluster takes, starts and finishes jobs.
+
+It starts a fresh cluster in a temporary ``MB_HOME`` (one 1-CPU node per usable
+core, the embedded broker publishing every event) and measures:
+
+* ``submit_per_s``: sequential submissions through the API (one request, one
+  committed reply each), of held jobs so nothing else competes;
+* ``e2e_jobs_per_s``: 1,000 ``/bin/true`` jobs from first submission to last end;
+* ``latency_p50_ms`` / ``latency_p95_ms``: submission to process start, one job at a
+  time on an idle cluster (start = the node daemon's spawn time);
+* ``idle``: CPU % and RSS of each daemon over 5 s with nothing to do;
+* ``qsub_wall_ms`` / ``array1000_wall_ms``: wall time of the ``qsub`` command itself,
+  for one job and for a 1,000-task array.
+
+Rates are medians over ``repeat`` runs. Wall-clock numbers on a shared machine are
+noisy: compare medians and ratios, never single runs.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from minibatch.cluster import layout as layouts
+from minibatch.cluster import lifecycle
+from minibatch.config import Config, Paths
+from minibatch.core.job import JobRequest, JobSpec, JobState
+from minibatch.net.client import Client
+from minibatch.protocol.messages import (
+    JobControl,
+    JobList,
+    QueryJobs,
+    Submit,
+    Submitted,
+)
+
+
+def _spec(workdir: str, hold: bool = False) -> JobSpec:
+    return JobSpec(
+        name="bench",
+        workdir=workdir,
+        request=JobRequest(ppn=1, walltime=60),
+        argv=["/bin/true"],
+        stdout_path="/dev/null",
+        stderr_path="/dev/null",
+        hold=hold,
+    )
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _cancel(client: Client, ids: list[int]) -> None:
+    for i in range(0, len(ids), 500):
+        client.call(
+            JobControl(action="cancel", selectors=[str(j) for j in ids[i : i + 500]])
+        )
+
+
+def submit_rate(client: Client, workdir: str, count: int) -> float:
+    spec = _spec(workdir, hold=True)
+    ids: list[int] = []
+    t0 = time.perf_counter()
+    for _ in range(count):
+        reply: Submitted = client.call(Submit(spec=spec))
+        ids.extend(reply.ids)
+    elapsed = time.perf_counter() - t0
+    _cancel(client, ids)
+    return count / elapsed
+
+
+def _wait_finished(client: Client, ids: list[int], timeout: float) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    selectors = [str(i) for i in ids]
+    while True:
+        jobs = client.call(QueryJobs(selectors=selectors)).jobs
+        if all(j.state is JobState.FINISHED for j in jobs):
+            return list(jobs)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"jobs not finished after {timeout} s")
+        time.sleep(0.002 if len(ids) == 1 else 0.05)
+
+
+def end_to_end_rate(client: Client, workdir: str, count: int) -> float:
+    spec = _spec(workdir)
+    ids = []
+    for _ in range(count):
+        ids.extend(client.call(Submit(spec=spec)).ids)
+    jobs = []
+    for i in range(0, len(ids), 500):
+        jobs += _wait_finished(client, ids[i : i + 500], timeout=600)
+    first: float = min(j.submit_time for j in jobs)
+    last: float = max(j.end_time for j in jobs)
+    return count / (last - first)
+
+
+def start_latencies(client: Client, workdir: str, count: int) -> list[float]:
+    spec = _spec(workdir)
+    out = []
+    for _ in range(count):
+        (jid,) = client.call(Submit(spec=spec)).ids
+        (job,) = _wait_finished(client, [jid], timeout=30)
+        out.append((job.start_time - job.submit_time) * 1000)
+    return out
+
+
+def idle_usage(paths: Paths, seconds: float = 5.0) -> dict[str, dict[str, float]]:
+    procs = {}
+    for pidfile in sorted(paths.run.glob("*.pid")):
+        pid = lifecycle.read_pid(pidfile)
+        if pid is not None and psutil.pid_exists(pid):
+            procs[pidfile.stem] = psutil.Process(pid)
+    for proc in procs.values():
+        proc.cpu_percent(None)
+    time.sleep(seconds)
+    return {
+        name: {
+            "cpu_pct": round(proc.cpu_percent(None), 2),
+            "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+        }
+        for name, proc in procs.items()
+    }
+
+
+def command_wall_ms(args: list[str], env: dict[str, str], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL)
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def run(jobs: int = 1000, submits: int = 2000, repeat: int = 3) -> dict[str, Any]:
+    home = Path(tempfile.mkdtemp(prefix="mb-bench-"))
+    paths = Paths(home)
+    cpus = layouts.usable_cpus()
+    layout = layouts.plan_nodes(len(cpus), 1, cpus, False, None)
+    env = dict(os.environ, MB_HOME=str(home))
+    old_home = os.environ.get("MB_HOME")
+    os.environ["MB_HOME"] = str(home)
+    report = lifecycle.up(paths, Config(), layout)
+    workdir = str(home)
+    try:
+        with Client(report.server_endpoint, timeout=60) as client:
+            result: dict[str, Any] = {"nodes": len(layout), "cpus": len(cpus)}
+            result["submit_per_s"] = round(
+                statistics.median(
+                    submit_rate(client, workdir, submits) for _ in range(repeat)
+                )
+            )
+            result["e2e_jobs_per_s"] = round(
+                statistics.median(
+                    end_to_end_rate(client, workdir, jobs) for _ in range(repeat)
+                ),
+                1,
+            )
+            lat = start_latencies(client, workdir, 100)
+            result["latency_p50_ms"] = round(statistics.median(lat), 2)
+            result["latency_p95_ms"] = round(_percentile(lat, 0.95), 2)
+            time.sleep(1.0)
+            result["idle"] = idle_usage(paths)
+            bindir = Path(sys.executable).parent
+            qsub = [str(bindir / "qsub"), "-h", "--", "/bin/true"]
+            result["qsub_wall_ms"] = round(command_wall_ms(qsub, env, 10), 1)
+            array = [str(bindir / "qsub"), "-h", "-t", "1-1000", "--", "/bin/true"]
+            result["array1000_wall_ms"] = round(command_wall_ms(array, env, 3), 1)
+            held: JobList = client.call(QueryJobs())
+            _cancel(client, [j.id for j in held.jobs])
+    finally:
+        lifecycle.down(paths)
+        if old_home is None:
+            os.environ.pop("MB_HOME", None)
+        else:
+            os.environ["MB_HOME"] = old_home
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    """The result as a short table for people."""
+    lines = [
+        f"cluster: {result['nodes']} nodes x 1 CPU",
+        f"submissions through the API  {result['submit_per_s']:>10} /s",
+        f"jobs end to end (/bin/true)  {result['e2e_jobs_per_s']:>10} /s",
+        f"submit-to-start latency p50  {result['latency_p50_ms']:>10} ms",
+        f"submit-to-start latency p95  {result['latency_p95_ms']:>10} ms",
+        f"qsub wall time               {result['qsub_wall_ms']:>10} ms",
+        f"qsub -t 1-1000 wall time     {result['array1000_wall_ms']:>10} ms",
+        "idle daemons:",
+    ]
+    for name, usage in result["idle"].items():
+        lines.append(
+            f"  {name:<12} {usage['cpu_pct']:>6} % CPU {usage['rss_mb']:>8} MB RSS"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,129 @@
+"""``mb acct``: accounting for finished jobs, in the manner of Slurm's ``sacct``.
+
+    mb acct [-j ID[,ID]] [-u USER] [-S SINCE] [-o FIELD[%W],...] [--json]
+
+States are spelled as Slurm spells them (COMPLETED, FAILED, CANCELLED, TIMEOUT,
+OUT_OF_MEMORY, NODE_FAIL) and the exit code is ``code:signal``. Naming jobs with
+``-j`` shows them whatever their state.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+
+from minibatch.cli import common, render
+from minibatch.errors import InvalidArgument
+
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
+
+_RELATIVE = re.compile(r"^(\d+)\s*([smhdw])$")
+_SCALE = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_ABSOLUTE_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S")
+
+
+_ACCT_NAMES = {name.lower(): name for name in render.ACCT_FIELDS}
+
+
+def parse_acct_format(spec: str) -> list[tuple[str, int]]:
+    """``JobID,JobName%30,state`` -> ``[(field, width), ...]`` (names any case)."""
+    columns = []
+    for item in spec.split(","):
+        raw, _, width_text = item.strip().partition("%")
+        name = _ACCT_NAMES.get(raw.lower())
+        if name is None:
+            known = ", ".join(render.ACCT_FIELDS)
+            raise InvalidArgument(f"unknown format field {raw!r} (known: {known})")
+        width = render.ACCT_FIELDS[name][0]
+        if width_text:
+            if not width_text.isdigit() or int(width_text) < 1:
+                raise InvalidArgument(f"malformed field width in {item!r}")
+            width = int(width_text)
+        columns.append((name, width))
+    return columns
+
+
+def parse_since(text: str, now: float) -> float:
+    """``YYYY-MM-DD[THH:MM[:SS]]`` (local time) or ``30m``/``1h``/``2d``/``1w`` ago."""
+    value = text.strip()
+    m = _RELATIVE.match(value)
+    if m is not None:
+        return now - int(m.group(1)) * _SCALE[m.group(2)]
+    for fmt in _ABSOLUTE_FORMATS:
+        try:
+            return datetime.strptime(value.replace(" ", "T"), fmt).timestamp()
+        except ValueError:
+            continue
+    raise InvalidArgument(
+        f"malformed time {text!r} (expected YYYY-MM-DD[THH:MM[:SS]] or e.g. 1h, 2d)"
+    )
+
+
+def acct_command(
+    jobs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-j",
+            "--jobs",
+            help="Job ids, comma-separated or repeated.",
+            show_default=False,
+        ),
+    ] = None,
+    user: Annotated[
+        str | None, typer.Option("-u", "--user", help="Only jobs of USER.")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "-S", "--since", help="Jobs since YYYY-MM-DD[THH:MM[:SS]] or e.g. 1h."
+        ),
+    ] = None,
+    fields: Annotated[
+        str | None,
+        typer.Option(
+            "-o",
+            "--format",
+            help=f"Columns, e.g. JobID,JobName%30 (default {render.ACCT_DEFAULT}).",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="A JSON list of jobs.")
+    ] = False,
+) -> None:
+    """Show accounting data for finished jobs (like sacct)."""
+    with common.reporting("mb acct"):
+        now = time.time()
+        selectors = [
+            common.parse_selector(part)
+            for item in jobs or []
+            for part in item.split(",")
+            if part.strip()
+        ]
+        columns = parse_acct_format(fields or render.ACCT_DEFAULT)
+        from minibatch.protocol.messages import QueryJobs
+
+        query = QueryJobs(
+            selectors=selectors,
+            user=user,
+            finished=True,
+            active=bool(selectors),
+            since=None if since is None else parse_since(since, now),
+        )
+        found = sorted(common.call(query).jobs, key=lambda j: j.id)
+    if as_json:
+        sys.stdout.write(
+            json.dumps([render.job_record(j) for j in found], indent=2) + "\n"
+        )
+    else:
+        sys.stdout.write(render.acct_table(found, columns, now))
+
+
+def main() -> None:
+    """Run ``acct`` on its own (``mb acct`` is the usual way)."""
+    common.run_typer(acct_command, "acct", context_settings=CONTEXT_SETTINGS)

@@ -1,0 +1,148 @@
+"""What every command shares: reaching the server, reporting errors, and the
+values several commands accept (job ids, job names, counts).
+
+Errors end a command with one line, ``<prog>: <message>``, on stderr and never a
+traceback. Exit codes follow typer/click: 2 for a usage error caught before anything
+is sent, 1 for everything the server refused or could not do. This module stays
+cheap to import (no typer at module level) because ``qsub`` imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from minibatch.errors import InvalidArgument, MinibatchError, Unavailable
+
+if TYPE_CHECKING:
+    from minibatch.config import Config, Paths
+    from minibatch.net.client import Client
+    from minibatch.protocol.messages import Message
+
+_SELECTOR = re.compile(r"^(\d+)(\[\d*\])?(?:\.[\w.-]+)?$")
+
+USAGE_EXIT = 2
+ERROR_EXIT = 1
+
+#: For commands (e.g. ``qsub``) whose ``-h`` means something else.
+HELP_ONLY_LONG: Mapping[str, Any] = {"help_option_names": ["--help"]}
+
+
+def exit_code(exc: MinibatchError) -> int:
+    """2 for bad input caught on this side, 1 for anything else."""
+    # A RemoteError is never an InvalidArgument, even when the server says the
+    # argument was bad: the request was sent, so it is not a usage error.
+    return USAGE_EXIT if isinstance(exc, InvalidArgument) else ERROR_EXIT
+
+
+def parse_selector(text: str) -> str:
+    """A job id as users write it -> the server's selector: ``7``, ``7[]``, ``7[2]``.
+
+    A ``.server`` suffix, as in PBS ids pasted from elsewhere, is dropped.
+    """
+    m = _SELECTOR.match(text.strip())
+    if m is None:
+        raise InvalidArgument(f"malformed job id {text!r} (expected e.g. 7, 7[], 7[2])")
+    return m.group(1) + (m.group(2) or "")
+
+
+def positive_int(text: str, what: str) -> int:
+    """A count that must be a whole number of at least 1."""
+    value = text.strip()
+    if not value.isdigit() or int(value) < 1:
+        raise InvalidArgument(f"{what} must be a positive integer, got {text!r}")
+    return int(value)
+
+
+def check_name(name: str) -> str:
+    """A job name: it becomes part of file names (NAME.oID), so no blanks or '/'."""
+    if not name or any(c.isspace() or c == "/" for c in name):
+        raise InvalidArgument(f"invalid job name {name!r} (no spaces or '/')")
+    return name
+
+
+def fail(prog: str, message: str, code: int = ERROR_EXIT) -> None:
+    """Print ``prog: message`` on stderr and exit with ``code``."""
+    print(f"{prog}: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+@contextmanager
+def reporting(prog: str) -> Iterator[None]:
+    """Turn a MinibatchError (or Ctrl-C) inside the block into one line and an exit."""
+    try:
+        yield
+    except MinibatchError as exc:
+        fail(prog, str(exc) or type(exc).__name__, exit_code(exc))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+def connect(timeout: float = 10.0) -> Client:
+    """A client for the server of the cluster in ``$MB_HOME``."""
+    # Imported here so that a usage error never pays for zmq and the config.
+    from minibatch.config import Paths, load
+    from minibatch.net.client import Client
+
+    paths = Paths.from_env()
+    endpoint = load(paths).server_endpoint(paths)
+    # No socket file means no server: say so now rather than after the timeout.
+    if endpoint.startswith("ipc://") and not os.path.exists(endpoint[6:]):
+        raise Unavailable(
+            f"no minibatch server at {endpoint} (is the cluster up? try `mb up`)"
+        )
+    return Client(endpoint, timeout=timeout)
+
+
+def home() -> tuple[Paths, Config]:
+    """This cluster's places (from ``$MB_HOME``) and its configuration."""
+    from minibatch.config import Paths, load
+
+    paths = Paths.from_env()
+    return paths, load(paths)
+
+
+def call(message: Message, timeout: float = 10.0) -> Any:
+    """Send one request to the server and return its reply."""
+    with connect(timeout) as client:
+        return client.call(message)
+
+
+def run_typer(
+    function: Callable[..., Any],
+    prog: str,
+    argv: list[str] | None = None,
+    context_settings: Mapping[str, Any] | None = None,
+) -> None:
+    """Run ``function`` as a stand-alone typer command named ``prog`` and exit.
+
+    Usage errors are printed as one ``prog: message`` line (exit 2) instead of
+    click's three-line usage block or typer's rich panel.
+
+    Args:
+        function: The command, declared as for ``typer.Typer.command``.
+        prog: The program name used in help and error messages.
+        argv: The arguments (default: ``sys.argv[1:]``).
+        context_settings: Passed to click, e.g. :data:`HELP_ONLY_LONG`.
+    """
+    import typer
+    import typer.main
+
+    app = typer.Typer(
+        add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False
+    )
+    app.command(context_settings=dict(context_settings or {}))(function)
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name=prog, standalone_mode=False)
+    except Exception as exc:
+        # click's exceptions (vendored by newer typer, separate in older) share
+        # this shape; anything else is a bug and keeps its traceback.
+        if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+            raise
+        fail(prog, exc.format_message(), exc.exit_code)
+    raise SystemExit(code if isinstance(code, int) else 0)

@@ -1,0 +1,112 @@
+"""``qdel``, ``qhold``, ``qrls`` and ``qalter``: act on jobs already submitted.
+
+Like their PBS namesakes they print nothing on success. ``qalter`` changes a
+pending job's name, walltime or CPU count.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from minibatch.cli import common, directives
+from minibatch.core.units import parse_duration
+from minibatch.errors import InvalidArgument
+
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
+
+_IdsArg = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="ID",
+        help="Job ids: 7, 7[] (a whole array) or 7[2].",
+        show_default=False,
+    ),
+]
+
+
+def _control(prog: str, action: str, job_ids: list[str]) -> None:
+    with common.reporting(prog):
+        selectors = [common.parse_selector(j) for j in job_ids]
+        from minibatch.protocol.messages import JobControl
+
+        common.call(JobControl(action=action, selectors=selectors))
+
+
+def qdel_command(job_ids: _IdsArg) -> None:
+    """Cancel jobs: pending ones are removed, running ones are killed."""
+    _control("qdel", "cancel", job_ids)
+
+
+def qhold_command(job_ids: _IdsArg) -> None:
+    """Put pending jobs on user hold."""
+    _control("qhold", "hold", job_ids)
+
+
+def qrls_command(job_ids: _IdsArg) -> None:
+    """Release held jobs."""
+    _control("qrls", "release", job_ids)
+
+
+def alter_fields(resources: list[str]) -> tuple[int | None, int | None]:
+    """``-l`` lists -> (walltime, ncpus); any other resource is an error."""
+    walltime = ncpus = None
+    for text in resources:
+        for key, value in directives.parse_resource_list(text):
+            if key == "walltime":
+                walltime = parse_duration(value)
+            elif key == "ncpus":
+                ncpus = common.positive_int(value, "ncpus")
+            else:
+                raise InvalidArgument(f"cannot alter {key!r} (only walltime and ncpus)")
+    return walltime, ncpus
+
+
+def qalter_command(
+    job_ids: _IdsArg,
+    name: Annotated[
+        str | None, typer.Option("-N", "--name", help="New job name.")
+    ] = None,
+    resources: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-l",
+            "--resource",
+            help="walltime=[[HH:]MM:]SS and/or ncpus=N (repeatable, comma lists).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Change a pending job's name, walltime or CPU count."""
+    with common.reporting("qalter"):
+        selectors = [common.parse_selector(j) for j in job_ids]
+        walltime, ncpus = alter_fields(resources or [])
+        if name is not None:
+            common.check_name(name)
+        if name is None and walltime is None and ncpus is None:
+            raise InvalidArgument(
+                "nothing to alter (give -N NAME or -l walltime=/ncpus=)"
+            )
+        from minibatch.protocol.messages import Alter
+
+        for selector in selectors:
+            common.call(
+                Alter(selector=selector, name=name, walltime=walltime, ncpus=ncpus)
+            )
+
+
+def qdel_main() -> None:
+    common.run_typer(qdel_command, "qdel", context_settings=CONTEXT_SETTINGS)
+
+
+def qhold_main() -> None:
+    common.run_typer(qhold_command, "qhold", context_settings=CONTEXT_SETTINGS)
+
+
+def qrls_main() -> None:
+    common.run_typer(qrls_command, "qrls", context_settings=CONTEXT_SETTINGS)
+
+
+def qalter_main() -> None:
+    common.run_typer(qalter_command, "qalter", context_settings=CONTEXT_SETTINGS)

@@ -1,0 +1,398 @@
+"""Every table, block and letter the commands print, built from plain records.
+
+Functions here take :class:`Job` / :class:`NodeInfo` records and the current time and
+return text (or JSON-ready dicts), so the layouts are tested from hand-built
+records. Layouts follow Torque's ``qstat``/``pbsnodes`` and Slurm's ``sacct``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any
+
+from minibatch.core.job import Job, JobState, state_letter
+from minibatch.core.units import format_cpu_list, format_duration, format_size_kb
+from minibatch.protocol.messages import NodeInfo
+
+QUEUE = "batch"
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` cut to ``width``; a cut is marked with ``*`` as OpenPBS does."""
+    return text if len(text) <= width else text[: width - 1] + "*"
+
+
+def _row(values: Sequence[str], widths: Sequence[int], right: AbstractSet[int]) -> str:
+    cells = [
+        fit(v, w).rjust(w) if i in right else fit(v, w).ljust(w)
+        for i, (v, w) in enumerate(zip(values, widths, strict=True))
+    ]
+    return " ".join(cells).rstrip()
+
+
+def _table(
+    headers: Sequence[Sequence[str]],
+    rows: Sequence[Sequence[str]],
+    widths: Sequence[int],
+    right: AbstractSet[int] = frozenset(),
+) -> str:
+    lines = [_row(h, widths, right) for h in headers]
+    lines.append(" ".join("-" * w for w in widths))
+    lines += [_row(r, widths, right) for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def letter(job: Job) -> str:
+    return state_letter(job.state, job.result)
+
+
+def elapsed(job: Job, now: float) -> float | None:
+    """Seconds the job has run (so far), or None if it never started."""
+    if job.start_time is None:
+        return None
+    return (job.end_time if job.end_time is not None else now) - job.start_time
+
+
+def exec_host(job: Job) -> str:
+    """Torque's ``node/cpu+node/cpu``, with real CPU ids."""
+    return "+".join(f"{a.node}/{cpu}" for a in job.alloc for cpu in a.cpus)
+
+
+def exec_cpus(job: Job) -> str:
+    return "+".join(f"{a.node}:{format_cpu_list(a.cpus)}" for a in job.alloc)
+
+
+def _cput(job: Job) -> str:
+    # Torque shows 0 for a job that has not run.
+    if job.start_time is None and job.cputime_s is None:
+        return "0"
+    return format_duration(job.cputime_s or 0)
+
+
+def _ctime(t: float | None) -> str | None:
+    return None if t is None else time.ctime(t)
+
+
+# ------------------------------------------------------------------ qstat
+
+
+def qstat_default(jobs: Sequence[Job]) -> str:
+    """``qstat``: ``Job ID  Name  User  Time Use S Queue``; empty for no jobs."""
+    if not jobs:
+        return ""
+    headers = [("Job ID", "Name", "User", "Time Use", "S", "Queue")]
+    rows = [(j.display_id, j.name, j.user, _cput(j), letter(j), QUEUE) for j in jobs]
+    return _table(headers, rows, (25, 16, 15, 8, 1, 5), right={3})
+
+
+def qstat_alt(jobs: Sequence[Job], now: float, server: str = "") -> str:
+    """``qstat -a``: requested memory and time, nodes/tasks and elapsed time."""
+    if not jobs:
+        return ""
+    headers = [
+        ("", "", "", "", "", "", "", "Req'd", "Req'd", "", "Elap"),
+        ("Job ID", "Username", "Queue", "Jobname", "SessID", "NDS", "TSK")
+        + ("Memory", "Time", "S", "Time"),
+    ]
+    rows = []
+    for j in jobs:
+        req, ran = j.request, elapsed(j, now)
+        cells = [j.display_id, j.user, QUEUE, j.name, "--", str(req.nodes)]
+        cells += [
+            str(req.cpus),
+            format_size_kb(req.mem_kb),
+            format_duration(req.walltime),
+        ]
+        cells += [letter(j), "--" if ran is None else format_duration(ran)]
+        rows.append(cells)
+    widths = (23, 11, 8, 16, 6, 5, 6, 9, 9, 1, 9)
+    table = _table(headers, rows, widths, right={4, 5, 6, 7, 8, 10})
+    return f"\n{server}:\n{table}" if server else table
+
+
+def _full_attrs(job: Job, now: float) -> list[tuple[str, str | None]]:
+    req = job.request
+    host = job.env.get("PBS_O_HOST")
+    ran = elapsed(job, now)
+    started = job.start_time is not None
+    pending_note = job.reason if job.state not in _DONE_OR_RUNNING else ""
+    origin = ",".join(f"{k}={v}" for k, v in job.env.items() if k.startswith("PBS_O_"))
+    return [
+        ("Job_Name", job.name),
+        ("Job_Owner", f"{job.user}@{host}" if host else job.user),
+        (
+            "resources_used.cput",
+            format_duration(job.cputime_s or 0) if started else None,
+        ),
+        (
+            "resources_used.mem",
+            format_size_kb(job.maxrss_kb) if job.maxrss_kb else None,
+        ),
+        ("resources_used.walltime", None if ran is None else format_duration(ran)),
+        ("job_state", letter(job)),
+        ("queue", QUEUE),
+        ("ctime", _ctime(job.submit_time)),
+        ("Error_Path", job.stderr_path or None),
+        ("exec_host", exec_host(job) or None),
+        ("exec_cpus", exec_cpus(job) or None),
+        ("Hold_Types", "u" if job.state is JobState.HELD else "n"),
+        ("Join_Path", "oe" if job.join else "n"),
+        ("Output_Path", job.stdout_path or None),
+        ("qtime", _ctime(job.submit_time)),
+        ("Resource_List.mem", format_size_kb(req.mem_kb) if req.mem_kb else None),
+        ("Resource_List.ncpus", str(req.cpus)),
+        ("Resource_List.nodect", str(req.nodes)),
+        ("Resource_List.nodes", f"{req.nodes}:ppn={req.ppn}"),
+        ("Resource_List.walltime", format_duration(req.walltime)),
+        ("Variable_List", origin or None),
+        ("euser", job.user),
+        ("egroup", job.group or None),
+        ("depend", _depend(job) or None),
+        ("job_array_id", None if job.array_index is None else str(job.array_index)),
+        ("init_work_dir", job.workdir),
+        ("submit_args", job.submit_args or None),
+        ("start_time", _ctime(job.start_time)),
+        ("comp_time", _ctime(job.end_time)),
+        ("exit_status", None if job.exit_status is None else str(job.exit_status)),
+        ("comment", pending_note or job.comment or None),
+        ("estimated.start_time", _ctime(job.predicted_start)),
+    ]
+
+
+_DONE_OR_RUNNING = frozenset({JobState.RUNNING, JobState.EXITING, JobState.FINISHED})
+
+
+def _depend(job: Job) -> str:
+    by_kind: dict[str, list[str]] = {}
+    for dep in job.depends:
+        by_kind.setdefault(dep.kind.value, []).append(str(dep.job))
+    return ",".join(f"{kind}:{':'.join(ids)}" for kind, ids in by_kind.items())
+
+
+def qstat_full(jobs: Sequence[Job], now: float) -> str:
+    """``qstat -f``: a ``Job Id:`` block of ``attr = value`` lines per job."""
+    blocks = []
+    for job in jobs:
+        lines = [f"Job Id: {job.display_id}"]
+        lines += [f"    {k} = {v}" for k, v in _full_attrs(job, now) if v is not None]
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks)
+
+
+def job_record(job: Job) -> dict[str, Any]:
+    """The JSON object ``qstat --json`` and ``mb acct --json`` print for a job."""
+    req = job.request
+    return {
+        "id": job.display_id,
+        "job_id": job.id,
+        "array_id": job.array_id,
+        "array_index": job.array_index,
+        "name": job.name,
+        "user": job.user,
+        "group": job.group,
+        "queue": QUEUE,
+        "state": job.state.value,
+        "letter": letter(job),
+        "result": None if job.result is None else job.result.value,
+        "exit_status": job.exit_status,
+        "signal": job.signal,
+        "node": job.alloc[0].node if job.alloc else None,
+        "hosts": [a.node for a in job.alloc],
+        "cpus": [cpu for a in job.alloc for cpu in a.cpus],
+        "alloc": [{"node": a.node, "cpus": list(a.cpus)} for a in job.alloc],
+        "submit_time": job.submit_time,
+        "start_time": job.start_time,
+        "end_time": job.end_time,
+        "cputime_s": job.cputime_s,
+        "maxrss_kb": job.maxrss_kb,
+        "output_path": job.stdout_path,
+        "error_path": job.stderr_path,
+        "join": job.join,
+        "workdir": job.workdir,
+        "reason": job.reason,
+        "comment": job.comment,
+        "predicted_start": job.predicted_start,
+        "nodes": req.nodes,
+        "ppn": req.ppn,
+        "ncpus": req.cpus,
+        "mem_kb": req.mem_kb,
+        "walltime": req.walltime,
+        "depends": [{"kind": d.kind.value, "job": d.job} for d in job.depends],
+    }
+
+
+# ------------------------------------------------------------------- acct
+
+#: Slurm's names for the states before the end; every pending state is PENDING.
+_SLURM_ACTIVE = {JobState.RUNNING: "RUNNING", JobState.EXITING: "COMPLETING"}
+
+
+def slurm_state(job: Job) -> str:
+    """Slurm's spelling: COMPLETED, FAILED, CANCELLED, TIMEOUT, ..., or PENDING."""
+    if job.state is JobState.FINISHED:
+        return job.result.value.upper() if job.result is not None else "UNKNOWN"
+    return _SLURM_ACTIVE.get(job.state, "PENDING")
+
+
+def slurm_duration(seconds: float | None) -> str:
+    """``[D-]HH:MM:SS`` as sacct prints Elapsed and TotalCPU."""
+    s = max(0, round(seconds or 0))
+    days, rest = divmod(s, 86400)
+    text = format_duration(rest)
+    return f"{days}-{text}" if days else text
+
+
+def _slurm_time(t: float | None) -> str:
+    if t is None:
+        return "Unknown"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def _slurm_mem(kb: int | None) -> str:
+    if kb is None:
+        return ""
+    for unit, size in (("G", 1024**2), ("M", 1024)):
+        if kb % size == 0:
+            return f"{kb // size}{unit}"
+    return f"{kb}K"
+
+
+def _alloc_cpus(job: Job) -> int:
+    return sum(len(a.cpus) for a in job.alloc)
+
+
+_Getter = Callable[[Job, float], str]
+
+#: sacct field name -> (default width, value). Widths are sacct's defaults.
+ACCT_FIELDS: dict[str, tuple[int, _Getter]] = {
+    "JobID": (12, lambda j, now: j.display_id),
+    "JobIDRaw": (12, lambda j, now: str(j.id)),
+    "JobName": (10, lambda j, now: j.name),
+    "User": (9, lambda j, now: j.user),
+    "Group": (9, lambda j, now: j.group),
+    "State": (10, lambda j, now: slurm_state(j)),
+    "ExitCode": (8, lambda j, now: f"{j.exit_status or 0}:{j.signal or 0}"),
+    "Elapsed": (10, lambda j, now: slurm_duration(elapsed(j, now))),
+    "TotalCPU": (10, lambda j, now: slurm_duration(j.cputime_s)),
+    "CPUTime": (
+        10,
+        lambda j, now: slurm_duration((elapsed(j, now) or 0) * _alloc_cpus(j)),
+    ),
+    "MaxRSS": (10, lambda j, now: "" if j.maxrss_kb is None else f"{j.maxrss_kb}K"),
+    "AllocCPUS": (10, lambda j, now: str(_alloc_cpus(j))),
+    "ReqCPUS": (8, lambda j, now: str(j.request.cpus)),
+    "NNodes": (8, lambda j, now: str(len(j.alloc) or j.request.nodes)),
+    "NodeList": (
+        15,
+        lambda j, now: ",".join(a.node for a in j.alloc) or "None assigned",
+    ),
+    "Submit": (19, lambda j, now: _slurm_time(j.submit_time)),
+    "Start": (19, lambda j, now: _slurm_time(j.start_time)),
+    "End": (19, lambda j, now: _slurm_time(j.end_time)),
+    "Timelimit": (10, lambda j, now: slurm_duration(j.request.walltime)),
+    "ReqMem": (10, lambda j, now: _slurm_mem(j.request.mem_kb)),
+    "Reason": (20, lambda j, now: j.reason or "None"),
+    "WorkDir": (30, lambda j, now: j.workdir),
+}
+ACCT_DEFAULT = "JobID,JobName,User,AllocCPUS,State,ExitCode,Elapsed,TotalCPU,MaxRSS"
+
+
+def _sacct_cell(text: str, width: int) -> str:
+    # sacct right-aligns and marks a cut value with a trailing '+'.
+    return text.rjust(width) if len(text) <= width else text[: width - 1] + "+"
+
+
+def acct_table(
+    jobs: Sequence[Job], columns: Sequence[tuple[str, int]], now: float
+) -> str:
+    """An sacct-style table of ``jobs`` with the given columns."""
+    lines = [" ".join(_sacct_cell(name, w) for name, w in columns)]
+    lines.append(" ".join("-" * w for _, w in columns))
+    for job in jobs:
+        cells = [_sacct_cell(ACCT_FIELDS[name][1](job, now), w) for name, w in columns]
+        lines.append(" ".join(cells))
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+# ------------------------------------------------------------------ nodes
+
+_UP_STATES = frozenset({"up", "free", "idle", "busy", "online", "mixed", "allocated"})
+
+
+def node_state(node: NodeInfo) -> str:
+    """Torque's node state: free, job-exclusive (no free CPU), down or offline."""
+    if node.state not in _UP_STATES:
+        return node.state
+    return "job-exclusive" if node.jobs and not node.free_cpus else "free"
+
+
+def _node_jobs(node: NodeInfo) -> str:
+    pairs = sorted((cpu, job) for job, cpus in node.jobs.items() for cpu in cpus)
+    return ", ".join(f"{cpu}/{job}" for cpu, job in pairs)
+
+
+def pbsnodes_full(nodes: Sequence[NodeInfo]) -> str:
+    """``pbsnodes -a``: one Torque-style block per node."""
+    blocks = []
+    for node in nodes:
+        state = node_state(node)
+        status = [
+            f"ncpus={len(node.cpus)}",
+            f"availcpus={format_cpu_list(node.free_cpus)}",
+        ]
+        if node.last_heartbeat is not None:
+            status.insert(0, f"rectime={int(node.last_heartbeat)}")
+        if node.mem_kb is not None:
+            status.append(f"physmem={node.mem_kb}kb")
+        status += [f"state={state}", f"jobs={' '.join(map(str, sorted(node.jobs)))}"]
+        if node.pid is not None:
+            status.append(f"pid={node.pid}")
+        lines = [
+            node.name,
+            f"     state = {state}",
+            f"     np = {len(node.cpus)}",
+            f"     cpus = {format_cpu_list(node.cpus)}",
+            "     ntype = cluster",
+            f"     jobs = {_node_jobs(node)}".rstrip(),
+            f"     status = {','.join(status)}",
+        ]
+        if node.comment:
+            lines.append(f"     note = {node.comment}")
+        if node.shared_cpus:
+            shared = ",".join(map(str, sorted(node.shared_cpus)))
+            lines.append(
+                f"     oversubscribed = CPUs {shared} are shared with other nodes"
+            )
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks)
+
+
+def pbsnodes_list(nodes: Sequence[NodeInfo]) -> str:
+    """``pbsnodes -l``: the nodes that are down or offline, with their comment."""
+    lines = [
+        f"{n.name:<20} {node_state(n):<15} {n.comment}".rstrip()
+        for n in nodes
+        if node_state(n) not in ("free", "job-exclusive")
+    ]
+    return "".join(line + "\n" for line in lines)
+
+
+def node_record(node: NodeInfo) -> dict[str, Any]:
+    """The JSON object ``pbsnodes --json`` prints for a node."""
+    return {
+        "name": node.name,
+        "state": node_state(node),
+        "server_state": node.state,
+        "np": len(node.cpus),
+        "cpus": list(node.cpus),
+        "free_cpus": list(node.free_cpus),
+        "mem_kb": node.mem_kb,
+        "jobs": {str(job): list(cpus) for job, cpus in sorted(node.jobs.items())},
+        "shared_cpus": list(node.shared_cpus),
+        "oversubscribed": bool(node.shared_cpus),
+        "comment": node.comment,
+        "last_heartbeat": node.last_heartbeat,
+        "pid": node.pid,
+    }

@@ -1,0 +1,1 @@
+"""Local clusters: node layouts and starting/stopping the daemons (mb up/down)."""

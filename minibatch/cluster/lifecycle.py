@@ -1,0 +1,400 @@
+"""Starting, stopping and inspecting a local cluster's daemons (``mb up/down/status``).
+
+Each daemon is a detached process (own session, stdin /dev/null, output appended
+to ``log/<name>.log``) with a pid file ``run/<name>.pid``; ``<name>`` is ``broker``,
+``server``, ``scheduler`` or ``node-<node>``. A pid file is trusted only when its
+process is alive, runs the expected program and has this ``MB_HOME``: a stale
+file or a recycled pid is never taken for a running daemon, nor signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import msgspec
+import psutil
+
+from minibatch.cluster import layout as layouts
+from minibatch.cluster.layout import NodeLayout
+from minibatch.config import Config, Paths, mqtt_url
+from minibatch.errors import InvalidArgument, MinibatchError, Unavailable
+from minibatch.net.client import Client
+from minibatch.node.procfs import kill_leftovers
+from minibatch.protocol.messages import NodeList, QueryNodes, ServerStatus, Status
+
+#: Seconds a daemon gets between SIGTERM and SIGKILL in :func:`down`.
+STOP_GRACE = 10.0
+#: How often :func:`up` polls while it waits for the daemons.
+POLL = 0.1
+#: Node states that do not count as "up" when :func:`up` waits for the nodes.
+NOT_UP = frozenset({"down", "unknown"})
+#: Console script and module of each kind of daemon.
+PROGRAMS = {
+    "broker": ("mb-broker", "minibatch.events.broker"),
+    "server": ("mb-server", "minibatch.server.service"),
+    "scheduler": ("mb-scheduler", "minibatch.scheduler.service"),
+    "node": ("mb-node", "minibatch.node.service"),
+}
+#: Stop order: nodes first (they end their jobs), the broker last.
+STOP_STAGE = {"scheduler": 1, "server": 2, "broker": 3}
+#: Held until exit: a dropped Popen of a live daemon warns "still running".
+_SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
+class StartError(Unavailable):
+    """A daemon did not start, or did not become ready in time."""
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """How to run one daemon and how to recognise it in the process table."""
+
+    name: str
+    args: tuple[str, ...] = ()
+
+    @property
+    def program(self) -> tuple[str, str]:
+        return PROGRAMS["node" if self.name.startswith("node-") else self.name]
+
+    def command(self) -> list[str]:
+        """The console script next to ``sys.executable``, else ``python -m``."""
+        exe, module = self.program
+        script = Path(sys.executable).with_name(exe)
+        if os.access(script, os.X_OK):
+            return [str(script), *self.args]
+        return [sys.executable, "-m", module, *self.args]
+
+    def matches(self, cmdline: list[str]) -> bool:
+        """Whether ``cmdline`` runs this daemon (same program, same node)."""
+        exe, module = self.program
+        if not any(Path(a).name == exe or a == module for a in cmdline[:3]):
+            return False
+        if not self.name.startswith("node-"):
+            return True
+        node = self.name.removeprefix("node-")
+        pairs = zip(cmdline, cmdline[1:], strict=False)
+        return f"--name={node}" in cmdline or ("--name", node) in pairs
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def read_pid(path: Path) -> int | None:
+    """The pid in ``path``, or None when it is missing or unreadable."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        pid = int(path.read_text().split()[0])
+        return pid if pid > 0 else None
+    return None
+
+
+def running_pid(paths: Paths, daemon: Daemon) -> int | None:
+    """The pid of ``daemon`` if its pid file names a live process that runs it."""
+    pid = read_pid(paths.pidfile(daemon.name))
+    if pid is None:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            # A daemon started by this very process (tests; `mb up` and `mb down`
+            # in one process) stays a zombie until its parent waits for it.
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            return None
+        if not daemon.matches(proc.cmdline()):
+            return None
+        with contextlib.suppress(psutil.AccessDenied):
+            home = proc.environ().get("MB_HOME")
+            # Same program, other cluster: not ours to report or to stop.
+            if home is not None and Path(home).absolute() != paths.home:
+                return None
+    except psutil.Error:
+        return None
+    return pid
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of ``path`` (empty if it does not exist)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
+            data = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _spawn(paths: Paths, daemon: Daemon) -> subprocess.Popen[bytes]:
+    # MB_* variables of a job (MB_NODE, MB_JOBID, ...) must not leak into daemons
+    # started from inside a job: a node cleaning up leftovers matches on them.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MB_")}
+    env.update(MB_HOME=str(paths.home), PYTHONUNBUFFERED="1")
+    command = daemon.command()
+    with paths.logfile(daemon.name).open("ab") as log:
+        log.write(f"--- {time.ctime()} mb up: {' '.join(command)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives the terminal and `mb up` itself
+            cwd=paths.home,
+            env=env,
+        )
+    _write_atomic(paths.pidfile(daemon.name), f"{proc.pid}\n")
+    _SPAWNED.append(proc)
+    return proc
+
+
+def _broker_port(paths: Paths) -> int:
+    # A running server keeps publishing to the URL it read at start, so a broker
+    # restarted after a crash comes back on the same port when it is free.
+    old = mqtt_url(paths, Config()).rpartition(":")[2]
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", int(old) if old.isdigit() else 0))
+        except OSError:
+            s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    socket.create_connection(("127.0.0.1", port), 0.5).close()
+    return True
+
+
+@dataclass
+class UpReport:
+    """What :func:`up` did (``msgspec.json.encode`` turns it into JSON)."""
+
+    started: list[str] = field(default_factory=list)
+    already_running: list[str] = field(default_factory=list)
+    pids: dict[str, int] = field(default_factory=dict)
+    server_endpoint: str = ""
+    mqtt_url: str = ""
+    layout: list[NodeLayout] = field(default_factory=list)
+
+
+class _Starter:
+    """One run of :func:`up`: the processes it started and the shared deadline."""
+
+    def __init__(self, paths: Paths, config: Config, wait: float) -> None:
+        self.paths, self.wait = paths, wait
+        self.deadline = time.monotonic() + wait
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.report = UpReport(server_endpoint=config.server_endpoint(paths))
+
+    def ensure(self, daemon: Daemon) -> None:
+        """Start ``daemon`` unless it is already running."""
+        pid = running_pid(self.paths, daemon)
+        if pid is not None:
+            self.report.already_running.append(daemon.name)
+        else:
+            self.procs[daemon.name] = proc = _spawn(self.paths, daemon)
+            self.report.started.append(daemon.name)
+            pid = proc.pid
+        self.report.pids[daemon.name] = pid
+
+    def fail(self, name: str, what: str) -> NoReturn:
+        logfile = self.paths.logfile(name)
+        tail = log_tail(logfile) or "(empty log)"
+        raise StartError(f"{name} {what}; end of {logfile}:\n{tail}")
+
+    def until(
+        self, ready: Callable[[], bool], blame: Callable[[], tuple[str, str]]
+    ) -> None:
+        """Poll ``ready``; fail when a daemon exits, or on timeout with ``blame()``."""
+        while True:
+            with contextlib.suppress(MinibatchError, OSError):
+                if ready():
+                    return
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    self.fail(name, f"exited with status {proc.returncode}")
+            if time.monotonic() >= self.deadline:
+                name, what = blame()
+                self.fail(name, f"{what} after {self.wait:g} s")
+            time.sleep(POLL)
+
+    def stop_started(self) -> None:
+        _stop({name: proc.pid for name, proc in self.procs.items()}, self.paths)
+        for name in self.procs:
+            self.paths.pidfile(name).unlink(missing_ok=True)
+
+
+def up(
+    paths: Paths, config: Config, layout: list[NodeLayout], *, wait: float = 15
+) -> UpReport:
+    """Start what is not running and wait (``wait`` s in all) until the cluster is up.
+
+    Order: broker (if ``config.mqtt.url`` is empty), server, then scheduler and
+    nodes. Up: the server answers, a scheduler has registered, and every node of
+    ``layout`` is neither down nor unknown. A running node keeps its CPUs.
+
+    Raises:
+        InvalidArgument: ``layout`` is empty.
+        StartError: A daemon exited or was not ready in time; what this call
+            started is stopped again, and the message ends with the culprit's log.
+    """
+    if not layout:
+        raise InvalidArgument("a cluster needs at least one node")
+    paths.make()
+    _write_atomic(paths.run / "layout.json", layouts.encode(layout).decode() + "\n")
+    run = _Starter(paths, config, wait)
+    run.report.layout = list(layout)
+    try:
+        url = config.mqtt.url
+        if not url and running_pid(paths, Daemon("broker")) is not None:
+            run.ensure(Daemon("broker"))
+            url = mqtt_url(paths, Config())
+        elif not url:
+            port = _broker_port(paths)
+            url = f"mqtt://127.0.0.1:{port}"
+            # Written before the server starts: it reads the URL at start-up.
+            _write_atomic(paths.mqtt_url_file, url + "\n")
+            run.ensure(Daemon("broker", ("--port", str(port))))
+            # Waiting spares the server a logged "broker unavailable" at start.
+            run.until(lambda: _listening(port), lambda: ("broker", "is not listening"))
+        run.report.mqtt_url = url
+        run.ensure(Daemon("server"))
+        endpoint = run.report.server_endpoint
+        with Client(endpoint, timeout=0.5) as client:
+            run.until(
+                lambda: isinstance(client.call(Status()), ServerStatus),
+                lambda: ("server", f"does not answer on {endpoint}"),
+            )
+            # The scheduler and the nodes register with the server; starting them
+            # once it answers spares them a round of reconnection attempts.
+            run.ensure(Daemon("scheduler"))
+            for node in layout:
+                run.ensure(Daemon(f"node-{node.name}", tuple(node.daemon_args())))
+            run.until(
+                lambda: client.call(Status()).scheduler_pid is not None,
+                lambda: ("scheduler", "has not registered with the server"),
+            )
+            late = [(f"node-{n.name}", "is unknown") for n in layout]
+
+            def nodes_up() -> bool:
+                reply: NodeList = client.call(QueryNodes())
+                st = {n.name: n.state for n in reply.nodes}
+                states = [(n.name, st.get(n.name, "unknown")) for n in layout]
+                late[:] = [(f"node-{n}", f"is {s}") for n, s in states if s in NOT_UP]
+                return not late
+
+            run.until(nodes_up, lambda: late[0])
+    except BaseException:
+        run.stop_started()
+        raise
+    return run.report
+
+
+def _stop(pids: dict[str, int], paths: Paths) -> list[str]:
+    """SIGTERM ``pids`` stage by stage, SIGKILL what outlives :data:`STOP_GRACE`."""
+    stages: dict[int, dict[str, int]] = {}
+    for name, pid in pids.items():
+        stages.setdefault(STOP_STAGE.get(name, 0), {})[name] = pid
+    stopped: list[str] = []
+    for _, stage in sorted(stages.items()):
+        procs: dict[psutil.Process, str] = {}
+        for name, pid in stage.items():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc = psutil.Process(pid)
+                proc.terminate()
+                procs[proc] = name
+            stopped.append(name)
+        # The daemons of one stage stop in parallel: all nodes end their jobs at once.
+        _, alive = psutil.wait_procs(list(procs), timeout=STOP_GRACE)
+        for proc in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
+        for name in (procs[p] for p in alive if procs[p].startswith("node-")):
+            # A node killed before it could end its jobs leaves them running.
+            kill_leftovers(name.removeprefix("node-"), str(paths.home))
+    return stopped
+
+
+def _pidfile_names(paths: Paths) -> list[str]:
+    nodes = sorted(p.stem for p in paths.run.glob("node-*.pid"))
+    return [*nodes, "scheduler", "server", "broker"]
+
+
+def down(paths: Paths) -> list[str]:
+    """Stop every daemon with a pid file: nodes, scheduler, server, then broker.
+
+    SIGTERM, then SIGKILL after :data:`STOP_GRACE` s. Pid files (stale ones too)
+    and the embedded broker's URL file are removed.
+
+    Returns:
+        The daemons that were running, in the order they were stopped.
+    """
+    if not paths.run.is_dir():
+        return []
+    names = _pidfile_names(paths)
+    pids = {n: p for n in names if (p := running_pid(paths, Daemon(n))) is not None}
+    stopped = _stop(pids, paths)
+    for name in names:
+        paths.pidfile(name).unlink(missing_ok=True)
+    if "broker" in pids:
+        paths.mqtt_url_file.unlink(missing_ok=True)
+    return stopped
+
+
+def load_layout(paths: Paths) -> list[NodeLayout] | None:
+    """The layout the last :func:`up` used, or None."""
+    try:
+        return layouts.decode((paths.run / "layout.json").read_bytes())
+    except (OSError, InvalidArgument):
+        return None
+
+
+def status(paths: Paths, config: Config) -> dict[str, Any]:
+    """Every daemon of the cluster, JSON-ready: ``home``, ``up`` (all alive),
+    ``mqtt_url``, ``server_endpoint``, ``layout`` and ``daemons``, each ``{name,
+    pid, alive, log}`` plus ``endpoint`` (broker, server) or ``node``, ``cpus``,
+    ``shared_cpus`` and ``mem`` (nodes)."""
+    layout = {n.name: n for n in load_layout(paths) or []}
+    names = [f"node-{n}" for n in layout]
+    if paths.run.is_dir():
+        names += [n for n in _pidfile_names(paths)[:-3] if n not in names]
+    names = ["server", "scheduler", *names]
+    if not config.mqtt.url or paths.pidfile("broker").exists():
+        names.insert(0, "broker")
+    url, endpoint = mqtt_url(paths, config), config.server_endpoint(paths)
+    daemons: list[dict[str, Any]] = []
+    for name in names:
+        pid = running_pid(paths, Daemon(name))
+        entry: dict[str, Any] = {
+            "name": name,
+            "pid": pid or read_pid(paths.pidfile(name)),
+            "alive": pid is not None,
+            "log": str(paths.logfile(name)),
+        }
+        if name in ("broker", "server"):
+            entry["endpoint"] = url if name == "broker" else endpoint
+        elif name.startswith("node-"):
+            lay = layout.get(name[5:]) or NodeLayout(name=name[5:], cpus=[])
+            entry.update(node=lay.name, cpus=lay.cpus, mem=lay.mem)
+            entry["shared_cpus"] = lay.shared_cpus
+        daemons.append(entry)
+    return {
+        "home": str(paths.home),
+        "up": all(d["alive"] for d in daemons),
+        "mqtt_url": url,
+        "server_endpoint": endpoint,
+        "layout": [msgspec.structs.asdict(n) for n in layout.values()],
+        "daemons": daemons,
+    }

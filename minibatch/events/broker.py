@@ -1,0 +1,166 @@
+"""``mb-broker``: the embedded MQTT broker ``mb up`` starts when none is configured.
+
+It is an amqtt broker with one plain TCP listener on a loopback address, anonymous
+clients allowed, and nothing else: no websockets, no ``$SYS`` topics (their timer
+and psutil sampling would cost CPU for nobody), and no persistence plugin. amqtt
+0.12 writes no file by default (its SQLite session store is an opt-in plugin), so
+the broker keeps all state in memory and writes only its log (stderr, which
+``mb up`` appends to ``$MB_HOME/log/broker.log``). Events are a live feed: a
+restarted broker starts empty, and the publishers re-send what they buffered.
+
+Run it as ``mb-broker --port 1883 [--host 127.0.0.1]``; SIGTERM or SIGINT stops it
+cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+log = logging.getLogger("minibatch.broker")
+
+#: Seconds allowed for amqtt's shutdown (closing sessions, listeners) on SIGTERM.
+SHUTDOWN_TIMEOUT = 5.0
+
+
+def broker_config(host: str, port: int) -> dict[str, Any]:
+    """The amqtt configuration of the embedded broker.
+
+    Args:
+        host: Address to bind; loopback unless remote nodes must subscribe.
+        port: TCP port of the only listener.
+
+    Returns:
+        A dict accepted by ``amqtt.broker.Broker``.
+    """
+    return {
+        "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
+        # Listing the plugins explicitly replaces amqtt's defaults, which add the
+        # $SYS publisher (a periodic timer) and two debug-logging plugins.
+        "plugins": {
+            "amqtt.plugins.authentication.AnonymousAuthPlugin": {
+                "allow_anonymous": True
+            },
+        },
+    }
+
+
+class _DropBareProbes(logging.Filter):
+    """Drop amqtt's complaints about connections that closed before CONNECT.
+
+    ``mb up`` (and any TCP health check) opens and closes a connection to learn
+    that the broker listens; amqtt logs that as an ERROR and a WARNING.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "No data" not in record.getMessage()
+
+
+def _quiet_logging(level: int) -> None:
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # amqtt logs every connection at INFO and every packet at DEBUG; the transitions
+    # state machines it uses log each transition. Only problems belong in our log.
+    for name in ("amqtt", "transitions"):
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+    logging.getLogger("amqtt.broker").addFilter(_DropBareProbes())
+    log.setLevel(level)
+
+
+async def serve(host: str, port: int, stop: asyncio.Event) -> None:
+    """Run the broker until ``stop`` is set.
+
+    Args:
+        host: Address to bind.
+        port: TCP port to listen on.
+        stop: Set it to shut the broker down.
+
+    Raises:
+        OSError: The address could not be bound (e.g. the port is taken).
+    """
+    # Imported here so that `--help` and argument errors stay instant.
+    from amqtt.broker import Broker
+    from amqtt.errors import BrokerError
+
+    broker = Broker(broker_config(host, port))
+    try:
+        await broker.start()
+    except BrokerError as exc:
+        # amqtt wraps the bind error; unwrap it so the log says what happened.
+        cause = exc.__cause__
+        raise OSError(f"cannot listen on {host}:{port}: {cause or exc}") from exc
+    log.info("listening on mqtt://%s:%d (pid %d)", host, port, os.getpid())
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        try:
+            await asyncio.wait_for(broker.shutdown(), SHUTDOWN_TIMEOUT)
+        except Exception as exc:  # a messy shutdown must not hide the exit
+            log.warning("broker shutdown did not complete cleanly: %s", exc)
+
+
+async def _main(host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(host, port, stop)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the ``mb-broker`` command line."""
+    parser = argparse.ArgumentParser(
+        prog="mb-broker",
+        description="Run minibatch's embedded MQTT broker (amqtt) until SIGTERM.",
+    )
+    parser.add_argument("--port", type=int, required=True, help="TCP port")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="level of minibatch's own messages (amqtt logs warnings only)",
+    )
+    args = parser.parse_args(argv)
+    if not 0 < args.port < 65536:
+        parser.error(f"--port must be between 1 and 65535, not {args.port}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``mb-broker``.
+
+    Returns:
+        The process exit status: 0 after a clean stop, 1 when the broker could
+        not start.
+    """
+    args = parse_args(argv)
+    _quiet_logging(getattr(logging, args.log_level))
+    # amqtt 0.12 emits DeprecationWarnings about its own internals at start-up.
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    try:
+        asyncio.run(_main(args.host, args.port))
+    except OSError as exc:
+        log.error("%s", exc)
+        return 1
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

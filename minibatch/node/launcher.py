@@ -1,0 +1,302 @@
+"""Starting a job's top process: identity, CPU mask, files and environment.
+
+The node daemon must start hundreds of short jobs a second, so a launch is one
+``subprocess.Popen`` with no ``preexec_fn`` (CPython can then use ``vfork``).
+Everything that would otherwise run in the child between fork and exec is done
+another way:
+
+* **CPU affinity** is set on the daemon's own thread just before the spawn and
+  restored right after; the child inherits the mask at fork, so the job never runs
+  a single instruction on a CPU it was not given.
+* **Identity**: ``user=``/``group=``/``extra_groups=`` switch to the submitting user
+  (only when the daemon is root and the uid differs; a daemon that is not root runs
+  jobs of its own user only).
+* **Output files** are opened by the daemon and handed to the child. When switching
+  user they are opened under the user's effective ids, so a job cannot make the
+  daemon write where its user may not.
+* **Session**: ``start_new_session`` makes the top process a session and group
+  leader whose id is its pid, which is how the tracker finds the job's processes.
+
+The script (when the job is not an ``argv``) and the PBS node file are written to
+the spool directory and removed by :meth:`Launcher.cleanup` when the job ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import subprocess
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from minibatch.core.units import format_cpu_list
+from minibatch.protocol.messages import LaunchSpec
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: Inherited variables that describe *another* job (qsub from inside a job).
+_FOREIGN_PREFIXES = ("MB_", "PBS_", "SLURM_")
+
+
+class LaunchError(Exception):
+    """The job could not be started; the message is the comment the user sees."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    uid: int
+    gid: int
+    user: str
+    home: str
+    shell: str
+    groups: list[int]
+    #: Whether the child must change uid (the daemon is root, the user is not).
+    switch: bool
+
+
+def resolve_identity(spec: LaunchSpec, euid: int) -> Identity:
+    """Who the job runs as, or :class:`LaunchError` when the daemon cannot do it."""
+    switch = spec.uid != euid
+    if switch and euid != 0:
+        raise LaunchError(
+            f"cannot run a job of user {spec.user} (uid {spec.uid}): mb-node runs "
+            f"as uid {euid} without root privileges, so it can only run its own "
+            "user's jobs"
+        )
+    try:
+        pw = pwd.getpwuid(spec.uid)
+    except KeyError:
+        # Not in the passwd database (a container's ad-hoc uid): run it anyway.
+        groups = [spec.gid] if switch else []
+        return Identity(spec.uid, spec.gid, spec.user, "/", "/bin/sh", groups, switch)
+    groups = os.getgrouplist(pw.pw_name, spec.gid) if switch else []
+    return Identity(
+        spec.uid, spec.gid, pw.pw_name, pw.pw_dir, pw.pw_shell, groups, switch
+    )
+
+
+@contextlib.contextmanager
+def effective_identity(ident: Identity) -> Iterator[None]:
+    """Act with the user's effective ids (file access checks use them)."""
+    if not ident.switch:
+        yield
+        return
+    groups, egid = os.getgroups(), os.getegid()
+    os.setgroups(ident.groups)
+    os.setegid(ident.gid)
+    os.seteuid(ident.uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(egid)
+        os.setgroups(groups)
+
+
+def describe_os_error(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        where = exc.filename if exc.filename is not None else ""
+        return f"{exc.strerror}: {where}" if where else exc.strerror
+    return str(exc)
+
+
+def nodefile_lines(spec: LaunchSpec, node: str) -> list[str]:
+    """One line per CPU per host, as PBS writes ``$PBS_NODEFILE``."""
+    return [h for h in (spec.hosts or [node]) for _ in spec.cpus]
+
+
+def job_environment(
+    spec: LaunchSpec,
+    *,
+    node: str,
+    home: str,
+    ident: Identity,
+    cpus: list[int],
+    nodefile: str,
+) -> dict[str, str]:
+    """The job's environment: the submitter's, plus what tells it where it runs."""
+    env = {k: v for k, v in spec.env.items() if not k.startswith(_FOREIGN_PREFIXES)}
+    # PBS_O_* describe the submission and are set by qsub: keep them.
+    env.update({k: v for k, v in spec.env.items() if k.startswith("PBS_O_")})
+    env.setdefault("HOME", ident.home)
+    env.setdefault("USER", ident.user)
+    env.setdefault("LOGNAME", ident.user)
+    env.setdefault("SHELL", ident.shell or "/bin/sh")
+    env.setdefault("PATH", DEFAULT_PATH)
+    hosts = spec.hosts or [node]
+    ncpus = str(len(cpus))
+    env.update(
+        MB_JOBID=spec.display_id,
+        MB_CPUS=ncpus,
+        MB_CPU_LIST=",".join(map(str, cpus)),
+        MB_NODE=node,
+        MB_HOME=home,
+        OMP_NUM_THREADS=ncpus,
+        PBS_JOBID=spec.display_id,
+        PBS_JOBNAME=spec.name,
+        PBS_O_WORKDIR=spec.workdir,
+        PBS_NODEFILE=nodefile,
+        PBS_ENVIRONMENT="PBS_BATCH",
+        PBS_NUM_NODES=str(len(hosts)),
+        PBS_NUM_PPN=ncpus,
+        PBS_NP=str(len(hosts) * len(cpus)),
+        SLURM_JOB_ID=str(spec.job),
+        SLURM_JOB_NAME=spec.name,
+        SLURM_CPUS_ON_NODE=ncpus,
+        SLURM_JOB_NUM_NODES=str(len(hosts)),
+        SLURM_JOB_NODELIST=",".join(hosts),
+        SLURM_SUBMIT_DIR=spec.workdir,
+    )
+    if spec.array_index is not None:
+        env["PBS_ARRAYID"] = str(spec.array_index)
+        env["SLURM_ARRAY_TASK_ID"] = str(spec.array_index)
+        env["SLURM_ARRAY_JOB_ID"] = str(spec.array_id)
+    return env
+
+
+class Launcher:
+    """Spawns jobs for one node.
+
+    Args:
+        node: the node's name (``MB_NODE``; also names its leftover processes).
+        home: the cluster's home (``MB_HOME``), told apart from other clusters'.
+        spool: where scripts and node files are written.
+        cpu_map: node CPU id -> machine CPU id, when a node names CPUs the machine
+            does not have (several nodes sharing few cores); identity otherwise.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        home: str,
+        spool: Path,
+        cpu_map: Mapping[int, int] | None = None,
+    ) -> None:
+        self.node = node
+        self.home = home
+        self.spool = spool
+        self.cpu_map = dict(cpu_map or {})
+        self._euid = os.geteuid()
+        spool.mkdir(mode=0o755, parents=True, exist_ok=True)
+
+    def physical_cpus(self, cpus: list[int]) -> list[int]:
+        return sorted({self.cpu_map.get(c, c) for c in cpus})
+
+    def spawn(self, spec: LaunchSpec) -> subprocess.Popen[bytes]:
+        """Start the job's top process; raise :class:`LaunchError` if it cannot."""
+        ident = resolve_identity(spec, self._euid)
+        cpus = self.physical_cpus(spec.cpus)
+        if not cpus:
+            raise LaunchError("the job was given no CPUs")
+        try:
+            nodefile = self._write(
+                f"{spec.job}.nodes",
+                "".join(f"{h}\n" for h in nodefile_lines(spec, self.node)),
+                0o644,
+                ident,
+            )
+            argv = self._command(spec, ident)
+            env = job_environment(
+                spec,
+                node=self.node,
+                home=self.home,
+                ident=ident,
+                cpus=cpus,
+                nodefile=str(nodefile),
+            )
+            out_fd, err_fd = self._open_outputs(spec, ident)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in a path
+            self.cleanup(spec.job)
+            raise LaunchError(describe_os_error(exc)) from exc
+        try:
+            return self._popen(spec, ident, argv, env, cpus, out_fd, err_fd)
+        except LaunchError:
+            self.cleanup(spec.job)
+            raise
+        finally:
+            os.close(out_fd)
+            if err_fd != out_fd:
+                os.close(err_fd)
+
+    def _popen(
+        self,
+        spec: LaunchSpec,
+        ident: Identity,
+        argv: list[str],
+        env: dict[str, str],
+        cpus: list[int],
+        out_fd: int,
+        err_fd: int,
+    ) -> subprocess.Popen[bytes]:
+        saved = os.sched_getaffinity(0)
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as exc:
+            raise LaunchError(
+                f"cannot bind to CPUs {format_cpu_list(cpus)}: {exc.strerror}"
+            ) from exc
+        try:
+            return subprocess.Popen(
+                argv,
+                cwd=spec.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out_fd,
+                stderr=subprocess.STDOUT if err_fd == out_fd else err_fd,
+                close_fds=True,
+                start_new_session=True,
+                user=spec.uid if ident.switch else None,
+                group=spec.gid if ident.switch else None,
+                extra_groups=ident.groups if ident.switch else None,
+            )
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            raise LaunchError(describe_os_error(exc)) from exc
+        finally:
+            os.sched_setaffinity(0, saved)
+
+    def _command(self, spec: LaunchSpec, ident: Identity) -> list[str]:
+        if spec.argv:
+            return list(spec.argv)
+        script = spec.script or ""
+        path = self._write(f"{spec.job}.sh", script, 0o700, ident)
+        # A script without "#!" is a shell script, as qsub treats it.
+        return [str(path)] if script.startswith("#!") else ["/bin/sh", str(path)]
+
+    def _write(self, name: str, text: str, mode: int, ident: Identity) -> Path:
+        path = self.spool / name
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        try:
+            os.write(fd, text.encode())
+            if ident.switch:
+                os.fchown(fd, ident.uid, ident.gid)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        return path
+
+    def _open_outputs(self, spec: LaunchSpec, ident: Identity) -> tuple[int, int]:
+        workdir = Path(spec.workdir)
+        out_path = workdir / spec.stdout_path
+        err_path = workdir / spec.stderr_path
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        with effective_identity(ident):
+            if ident.switch and not os.access(workdir, os.X_OK, effective_ids=True):
+                raise PermissionError(13, "Permission denied", str(workdir))
+            out_fd = os.open(out_path, flags, 0o666)
+            if spec.join or err_path == out_path:
+                return out_fd, out_fd
+            try:
+                err_fd = os.open(err_path, flags, 0o666)
+            except OSError:
+                os.close(out_fd)
+                raise
+        return out_fd, err_fd
+
+    def cleanup(self, job: int) -> None:
+        """Remove the job's spool files (best effort)."""
+        for suffix in (".sh", ".nodes"):
+            with contextlib.suppress(OSError):
+                (self.spool / f"{job}{suffix}").unlink()

@@ -1,0 +1,204 @@
+"""What the kernel says about processes, read straight from ``/proc``.
+
+The tracker needs, for every process on the machine, its parent, process group,
+session and resident size, several times a second. psutil would build one object per
+process and read several files each (and it does not expose the session id), so a
+scan here reads exactly one file per process, ``/proc/<pid>/stat``, and keeps the
+four numbers. Environments are read only for the rare processes that cannot be
+placed otherwise (an orphan that left the job's session).
+
+Also here: the child-subreaper switch, the list of this process's direct children,
+and the start-up sweep that kills processes a previous incarnation of a node left.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Proc:
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    rss_kb: int
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ("Z", "X")
+
+
+def read_stat(pid: int) -> Proc | None:
+    """One process's stat line, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses; it ends at the last ')'.
+    fields = data[data.rindex(b")") + 2 :].split()
+    return Proc(
+        pid=pid,
+        ppid=int(fields[1]),
+        pgid=int(fields[2]),
+        sid=int(fields[3]),
+        state=fields[0].decode(),
+        rss_kb=int(fields[21]) * _PAGE_KB,
+    )
+
+
+class ProcTable:
+    """A snapshot of every process, indexed by parent, group and session."""
+
+    def __init__(self, procs: dict[int, Proc]) -> None:
+        self.procs = procs
+        self._kids: dict[int, list[int]] = defaultdict(list)
+        self._groups: dict[int, list[int]] = defaultdict(list)
+        self._sessions: dict[int, list[int]] = defaultdict(list)
+        for p in procs.values():
+            self._kids[p.ppid].append(p.pid)
+            self._groups[p.pgid].append(p.pid)
+            self._sessions[p.sid].append(p.pid)
+
+    @classmethod
+    def scan(cls) -> ProcTable:
+        procs: dict[int, Proc] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                p = read_stat(int(name))
+                if p is not None:
+                    procs[p.pid] = p
+        return cls(procs)
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self.procs
+
+    def children(self, pid: int) -> list[int]:
+        return self._kids.get(pid, [])
+
+    def members(self, leader: int) -> set[int]:
+        """Processes whose session or process group is ``leader``'s."""
+        return set(self._sessions.get(leader, ())) | set(self._groups.get(leader, ()))
+
+    def subtree(self, seeds: Iterable[int]) -> set[int]:
+        """``seeds`` (those that exist) and all their descendants."""
+        out: set[int] = set()
+        todo = [p for p in seeds if p in self.procs]
+        while todo:
+            pid = todo.pop()
+            if pid not in out:
+                out.add(pid)
+                todo.extend(self._kids.get(pid, ()))
+        return out
+
+    def rss_kb(self, pids: Iterable[int]) -> int:
+        return sum(self.procs[p].rss_kb for p in pids if p in self.procs)
+
+
+def own_children() -> list[int]:
+    """Direct children of this process, without a full scan.
+
+    Children hang off the thread that forked them (or, once reparented, any of our
+    threads), so every task's ``children`` file is read. Kernels built without
+    CONFIG_PROC_CHILDREN lack the file; fall back to a scan then.
+    """
+    if not _HAVE_CHILDREN_FILE:
+        return list(ProcTable.scan().children(os.getpid()))
+    pids: list[int] = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                pids.extend(int(x) for x in f.read().split())
+        except OSError:
+            continue  # the thread just ended
+    return pids
+
+
+_HAVE_CHILDREN_FILE = Path(f"/proc/self/task/{os.getpid()}/children").exists()
+
+
+def read_environ(pid: int) -> dict[str, str] | None:
+    """A process's initial environment; None if gone, unreadable or a zombie."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    env: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def set_child_subreaper(on: bool = True) -> bool:
+    """Make orphans of our descendants reparent to us instead of to init.
+
+    Without it a job that double-forks escapes: its grandchild is adopted by init
+    and nothing ties it to the job any more. Returns False where unsupported.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as exc:
+        log.warning("cannot become a child subreaper (%s); orphans may escape", exc)
+        return False
+    return True
+
+
+def _ancestors() -> set[int]:
+    out = {os.getpid()}
+    pid = os.getppid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        p = read_stat(pid)
+        if p is None:
+            break
+        pid = p.ppid
+    return out
+
+
+def kill_leftovers(node: str, home: str) -> list[int]:
+    """SIGKILL processes a previous incarnation of node ``node`` left running.
+
+    A job process carries ``MB_NODE`` and ``MB_HOME`` in its environment; matching
+    both keeps two clusters on one machine (each in its own home) from killing each
+    other's jobs. This process and its ancestors are spared: a daemon started from
+    inside a job inherits those variables.
+    """
+    spare = _ancestors()
+    killed: list[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in spare:
+            continue
+        pid = int(name)
+        env = read_environ(pid)
+        if env and env.get("MB_NODE") == node and env.get("MB_HOME") == home:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue
+            killed.append(pid)
+            log.warning(
+                "killed pid %d left over from an earlier mb-node %s (job %s)",
+                pid,
+                node,
+                env.get("MB_JOBID", "?"),
+            )
+    return killed

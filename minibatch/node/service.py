@@ -1,0 +1,314 @@
+"""``mb-node``: the node daemon (like pbs_mom / slurmd).
+
+One asyncio loop, one thread. The daemon registers with the server (``NodeHello``,
+retried every heartbeat interval until it is answered), then sends a ``Heartbeat``
+every ``config.node.heartbeat`` seconds listing the jobs it runs; a heartbeat
+answered NOT_FOUND means the server restarted and forgot the node, so it says
+hello again. ``Launch`` and ``Kill`` arrive unsolicited and go to the
+:class:`~minibatch.node.tracker.Tracker`.
+
+**Reliable reports.** ``JobStarted`` and ``JobEnded`` are requests. Each is kept
+until the server answers it and re-sent every heartbeat until then (the server
+treats repeats as no-ops), so a job's end survives a server restart. Reports go out
+in the order they were made, so a job's start is never delivered after its end.
+
+**Stopping** (SIGTERM/SIGINT): every job is killed (TERM, grace, KILL) and reported
+``node_fail`` "node daemon stopped"; the reports get a short best-effort flush; the
+daemon exits 0.
+
+On start the daemon becomes a child subreaper (orphans of jobs come back to it)
+and kills processes an earlier incarnation of the same node left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+
+from minibatch import config as mbconfig
+from minibatch.config import Config, Paths
+from minibatch.core.job import JobResult
+from minibatch.core.units import format_cpu_list, parse_cpu_list, parse_size_kb
+from minibatch.daemon import setup_logging, single_instance, stop_on_signals
+from minibatch.errors import (
+    ErrorCode,
+    InvalidArgument,
+    MinibatchError,
+    RemoteError,
+    Unavailable,
+)
+from minibatch.net.aio import AsyncClient
+from minibatch.node import procfs
+from minibatch.node.launcher import Launcher
+from minibatch.node.tracker import Report, Tracker
+from minibatch.protocol.messages import (
+    Heartbeat,
+    JobStarted,
+    Kill,
+    Launch,
+    Message,
+    NodeHello,
+)
+
+log = logging.getLogger("minibatch.node")
+
+#: A report the server answered with an error this many times is dropped.
+_MAX_REPORT_ERRORS = 3
+_FLUSH_S = 2.0
+
+
+def cpu_map(cpus: list[int], available: set[int]) -> dict[int, int]:
+    """Node CPU id -> machine CPU id.
+
+    A node may name CPUs the machine does not have (several nodes sharing a few
+    cores); those wrap around the available ones by id, so nodes ``0-3`` and
+    ``4-7`` on a 4-core machine share cores 0-3 the same way.
+    """
+    allowed = sorted(available)
+    return {c: c if c in available else allowed[c % len(allowed)] for c in cpus}
+
+
+class NodeDaemon:
+    def __init__(
+        self,
+        name: str,
+        cpus: list[int],
+        mem_kb: int | None,
+        shared_cpus: list[int],
+        paths: Paths,
+        config: Config,
+    ) -> None:
+        self.name = name
+        self.cpus = cpus
+        self.mem_kb = mem_kb
+        self.shared_cpus = shared_cpus
+        self.paths = paths
+        self.config = config
+        self.endpoint = config.server_endpoint(paths)
+        mapping = cpu_map(cpus, os.sched_getaffinity(0))
+        if any(c != p for c, p in mapping.items()):
+            log.warning(
+                "node %s: CPUs %s are not all on this machine; they share CPUs %s",
+                name,
+                format_cpu_list(cpus),
+                format_cpu_list(sorted(set(mapping.values()))),
+            )
+        self.launcher = Launcher(name, str(paths.home), paths.state / "spool", mapping)
+        self.tracker = Tracker(self.launcher, config.node, self._report)
+        self._client: AsyncClient | None = None
+        #: Unanswered reports in the order they were made, with error counts.
+        self._unacked: dict[tuple[str, int], tuple[Report, int]] = {}
+        self._wake_sender = asyncio.Event()
+        self._registered = False
+        #: Whether the last request was answered (None: none sent yet); logs
+        #: are written only when this changes.
+        self._reachable: bool | None = None
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        procfs.set_child_subreaper(True)
+        killed = procfs.kill_leftovers(self.name, str(self.paths.home))
+        if killed:
+            log.warning("killed %d process(es) left by an earlier daemon", len(killed))
+        self._client = AsyncClient(
+            self.endpoint, b"node:" + self.name.encode(), self._on_message
+        )
+        self._client.start()
+        self.tracker.start()
+        log.info(
+            "node %s (pid %d) serving CPUs %s, server %s",
+            self.name,
+            os.getpid(),
+            format_cpu_list(self.cpus),
+            self.endpoint,
+        )
+        tasks = [
+            loop.create_task(self._heartbeats()),
+            loop.create_task(self._sender()),
+        ]
+        await stop.wait()
+        log.info("stopping: killing %d job(s)", len(self.tracker.running()))
+        await self.tracker.stop_all(JobResult.NODE_FAIL, "node daemon stopped")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._flush(), _FLUSH_S)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.tracker.close()
+        await self._client.close()
+        log.info("stopped")
+
+    # ------------------------------------------------------------- server
+
+    async def _on_message(self, body: Message) -> None:
+        try:
+            if isinstance(body, Launch):
+                self.tracker.launch(body.spec)
+            elif isinstance(body, Kill):
+                self.tracker.kill(body.job, body.result)
+            else:
+                log.warning("ignoring an unexpected %s", type(body).__name__)
+        except Exception:
+            log.exception("handling %s failed", type(body).__name__)
+        # Queued frames are read without yielding; let reaping and timers run
+        # between them during a burst of launches.
+        await asyncio.sleep(0)
+
+    def _hello(self) -> NodeHello:
+        return NodeHello(
+            name=self.name,
+            cpus=self.cpus,
+            mem_kb=self.mem_kb,
+            pid=os.getpid(),
+            shared_cpus=self.shared_cpus,
+            running=self.tracker.running(),
+        )
+
+    async def _call(self, body: Message) -> bool:
+        """Send a request; True when answered Ok. Logs reachability changes."""
+        assert self._client is not None
+        try:
+            await self._client.call(body, timeout=max(2.0, self._interval * 2))
+        except Unavailable as exc:
+            if self._reachable is None:
+                log.info("waiting for the server at %s", self.endpoint)
+            elif self._reachable:
+                log.warning("%s", exc)
+            self._reachable = False
+            return False
+        if self._reachable is False and self._registered:
+            log.info("the server answers again")
+        self._reachable = True
+        return True
+
+    @property
+    def _interval(self) -> float:
+        return self.config.node.heartbeat
+
+    async def _heartbeats(self) -> None:
+        while True:
+            try:
+                await self._beat()
+            except Exception:
+                log.exception("heartbeat failed")
+            await asyncio.sleep(self._interval)
+
+    async def _beat(self) -> None:
+        try:
+            if not self._registered:
+                if await self._call(self._hello()):
+                    self._registered = True
+                    log.info("registered with the server at %s", self.endpoint)
+            elif not await self._call(
+                Heartbeat(name=self.name, running=self.tracker.running())
+            ):
+                return
+        except RemoteError as exc:
+            if exc.code is ErrorCode.NOT_FOUND and self._registered:
+                log.info("the server forgot this node (%s); saying hello again", exc)
+                self._registered = False
+                await self._beat()
+            else:
+                log.warning("the server refused %s: %s", self.name, exc)
+            return
+        if self._registered:
+            self._wake_sender.set()  # retry whatever is still unanswered
+
+    # ------------------------------------------------------------- reports
+
+    def _report(self, report: Report) -> None:
+        kind = "started" if isinstance(report, JobStarted) else "ended"
+        self._unacked[(kind, report.job)] = (report, 0)
+        self._wake_sender.set()
+
+    async def _sender(self) -> None:
+        """Deliver unanswered reports, oldest first, pipelined."""
+        while True:
+            await self._wake_sender.wait()
+            self._wake_sender.clear()
+            if not self._registered:
+                continue
+            batch = list(self._unacked.items())
+            results = await asyncio.gather(
+                *(self._call(report) for _, (report, _) in batch),
+                return_exceptions=True,
+            )
+            for (key, (report, errors)), result in zip(batch, results, strict=True):
+                if result is True:
+                    self._unacked.pop(key, None)
+                elif isinstance(result, RemoteError):
+                    if errors + 1 >= _MAX_REPORT_ERRORS:
+                        log.error("dropping %s: %s", report, result)
+                        self._unacked.pop(key, None)
+                    elif key in self._unacked:
+                        self._unacked[key] = (report, errors + 1)
+                elif isinstance(result, BaseException):
+                    log.error("sending %s failed: %r", report, result)
+
+    async def _flush(self) -> None:
+        while self._unacked and self._registered:
+            self._wake_sender.set()
+            await asyncio.sleep(0.05)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="mb-node", description="minibatch node daemon (runs and supervises jobs)"
+    )
+    p.add_argument("--name", required=True, help="node name, as the server knows it")
+    p.add_argument("--cpus", help="CPU ids this node owns, e.g. 0-3")
+    p.add_argument("--mem", help="memory for jobs, e.g. 4gb (default: unlimited)")
+    p.add_argument("--shared-cpus", help="CPU ids also used by other nodes, e.g. 0,1")
+    p.add_argument(
+        "--from-config",
+        action="store_true",
+        help="take what is not given from the [[nodes]] entry of this name",
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p.parse_args(argv)
+
+
+def node_settings(
+    args: argparse.Namespace, config: Config
+) -> tuple[list[int], int | None, list[int]]:
+    """CPUs, memory (kb) and shared CPUs from the command line, else the config."""
+    entry = None
+    if args.from_config or args.cpus is None:
+        entry = config.node_named(args.name)  # raises when there is none
+    cpus = parse_cpu_list(args.cpus) if args.cpus else list(entry.cpus if entry else [])
+    if not cpus:
+        raise InvalidArgument(f"node {args.name} has no CPUs")
+    mem = args.mem if args.mem is not None else (entry.mem if entry else None)
+    if args.shared_cpus is not None:
+        shared = parse_cpu_list(args.shared_cpus) if args.shared_cpus else []
+    else:
+        others = {c for n in config.nodes if n.name != args.name for c in n.cpus}
+        shared = sorted(others.intersection(cpus))
+    return cpus, parse_size_kb(mem) if mem else None, shared
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    setup_logging("mb-node", args.verbose)
+    try:
+        paths = Paths.from_env()
+        config = mbconfig.load(paths)
+        cpus, mem_kb, shared = node_settings(args, config)
+        daemon = NodeDaemon(args.name, cpus, mem_kb, shared, paths, config)
+    except (MinibatchError, OSError) as exc:
+        log.error("mb-node %s cannot start: %s", args.name, exc)
+        return 1
+    lock = single_instance(paths.run / f"node-{args.name}.lock", f"mb-node {args.name}")
+    try:
+        asyncio.run(daemon.run())
+    except Exception:
+        log.exception("mb-node %s failed", args.name)
+        return 1
+    finally:
+        lock.close()
+    return 0

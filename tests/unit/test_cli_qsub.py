@@ -1,0 +1,120 @@
+"""Running qsub: what it sends, prints and imports, and how `mb qsub` hooks in."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from minibatch.cli import qsub
+
+
+def test_client_side_errors_send_nothing(tmp_path, monkeypatch, capsys):
+    def no_server(message, timeout=10.0):
+        raise AssertionError("nothing may be sent for a client-side error")
+
+    monkeypatch.setattr("minibatch.cli.common.call", no_server)
+    monkeypatch.chdir(tmp_path)
+    for argv in (["missing.sh"], ["-l", "ncpus=0", "--", "true"], ["-Q"]):
+        with pytest.raises(SystemExit) as exc:
+            qsub.main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("qsub: ") and err.count("\n") == 1
+
+
+def test_submit_prints_the_id(tmp_path, monkeypatch, capsys):
+    from minibatch.protocol.messages import Submit, Submitted
+
+    sent = []
+
+    def fake_call(message, timeout=10.0):
+        sent.append(message)
+        return Submitted(ids=[5, 6], display="5[]")
+
+    monkeypatch.setattr("minibatch.cli.common.call", fake_call)
+    monkeypatch.chdir(tmp_path)
+    qsub.main(["-t", "1-2", "--", "true"])
+    assert capsys.readouterr().out == "5[]\n"
+    assert isinstance(sent[0], Submit) and sent[0].spec.workdir == str(tmp_path)
+
+
+def test_server_rejection_exits_1(monkeypatch, capsys):
+    from minibatch.errors import RemoteError
+
+    def refuse(message, timeout=10.0):
+        raise RemoteError(6, "job asks for 64 CPUs; the largest node has 8")
+
+    monkeypatch.setattr("minibatch.cli.common.call", refuse)
+    with pytest.raises(SystemExit) as exc:
+        qsub.main(["--", "true"])
+    assert exc.value.code == 1
+    assert (
+        capsys.readouterr().err
+        == "qsub: job asks for 64 CPUs; the largest node has 8\n"
+    )
+
+
+def test_qsub_imports_neither_typer_nor_rich():
+    code = (
+        "import sys, minibatch.cli.qsub\n"
+        "print(sorted(m for m in ('typer', 'rich', 'psutil') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_registered_mb_qsub_keeps_double_dash_and_hold(monkeypatch):
+    import typer
+    from typer.testing import CliRunner
+
+    sent = []
+    monkeypatch.setattr(
+        "minibatch.cli.common.call",
+        lambda message, timeout=10.0: sent.append(message) or _submitted(),
+    )
+    app = typer.Typer()
+    qsub.register(app)
+
+    @app.command("other")
+    def other() -> None:  # a second command makes "qsub" a subcommand, as in `mb`
+        pass
+
+    result = CliRunner().invoke(app, ["qsub", "-h", "--", "hostname"])
+    assert result.exit_code == 0, result.output
+    assert sent[0].spec.argv == ["hostname"] and sent[0].spec.hold
+    result = CliRunner().invoke(app, ["qsub", "--help"])
+    assert result.exit_code == 0 and "usage: qsub" in result.output
+
+
+def test_plain_registration_still_works(monkeypatch):
+    import typer
+    from typer.testing import CliRunner
+
+    sent = []
+    monkeypatch.setattr(
+        "minibatch.cli.common.call",
+        lambda message, timeout=10.0: sent.append(message) or _submitted(),
+    )
+    app = typer.Typer()
+    app.command("qsub", context_settings=qsub.CONTEXT_SETTINGS)(qsub.qsub_command)
+    app.command("other")(lambda: None)
+    result = CliRunner().invoke(app, ["qsub", "-N", "x", "-l", "ncpus=2", "--", "ls"])
+    assert result.exit_code == 0, result.output
+    assert sent[0].spec.argv == ["ls"] and sent[0].spec.request.ppn == 2
+
+
+def test_lazy_typer_command_attribute():
+    import typer
+
+    assert callable(qsub.qsub_command)
+    assert issubclass(qsub.QsubCommand, typer.core.TyperCommand)
+    with pytest.raises(AttributeError):
+        _ = qsub.no_such_thing
+
+
+def _submitted():
+    from minibatch.protocol.messages import Submitted
+
+    return Submitted(ids=[1], display="1")

@@ -1,0 +1,171 @@
+"""Pure pieces of the node daemon: environment, identity, exit statuses, /proc."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from minibatch.config import Config, NodeConfig
+from minibatch.core.job import JobResult
+from minibatch.errors import InvalidArgument
+from minibatch.node import procfs
+from minibatch.node.launcher import (
+    Identity,
+    LaunchError,
+    job_environment,
+    nodefile_lines,
+    resolve_identity,
+)
+from minibatch.node.ownership import Run, ended_report
+from minibatch.node.service import _parse, cpu_map, main, node_settings
+from minibatch.protocol.messages import LaunchSpec
+
+
+def spec(**kw: object) -> LaunchSpec:
+    fields: dict[str, object] = dict(
+        job=12,
+        display_id="12",
+        name="sim",
+        user="alice",
+        uid=os.geteuid(),
+        gid=os.getegid(),
+        workdir="/w",
+        script="true",
+        argv=None,
+        env={},
+        stdout_path="o",
+        stderr_path="e",
+        join=False,
+        cpus=[2, 3],
+        hosts=["n1"],
+        walltime=60,
+        mem_kb=None,
+    )
+    fields.update(kw)
+    return LaunchSpec(**fields)  # type: ignore[arg-type]
+
+
+IDENT = Identity(1000, 1000, "alice", "/home/alice", "/bin/bash", [], False)
+
+
+def env_of(s: LaunchSpec) -> dict[str, str]:
+    return job_environment(
+        s, node="n1", home="/mb", ident=IDENT, cpus=s.cpus, nodefile="/spool/12.nodes"
+    )
+
+
+def test_environment_for_a_plain_job() -> None:
+    env = env_of(
+        spec(
+            env={
+                "FOO": "1",
+                "PBS_JOBID": "old",
+                "SLURM_ARRAY_TASK_ID": "4",
+                "PBS_O_HOST": "login",
+                "PATH": "/opt/bin",
+            }
+        )
+    )
+    assert env["FOO"] == "1" and env["PBS_O_HOST"] == "login"
+    assert env["PATH"] == "/opt/bin"  # the user's own wins over the default
+    assert env["HOME"] == "/home/alice" and env["USER"] == env["LOGNAME"] == "alice"
+    assert env["PBS_JOBID"] == env["MB_JOBID"] == "12"
+    assert env["MB_CPU_LIST"] == "2,3"
+    assert env["MB_CPUS"] == env["OMP_NUM_THREADS"] == env["SLURM_CPUS_ON_NODE"] == "2"
+    assert env["MB_NODE"] == "n1" and env["MB_HOME"] == "/mb"
+    assert env["PBS_NODEFILE"] == "/spool/12.nodes"
+    assert env["SLURM_JOB_ID"] == "12" and env["PBS_ENVIRONMENT"] == "PBS_BATCH"
+    # An inherited array variable must not make this job look like a task.
+    assert "SLURM_ARRAY_TASK_ID" not in env and "PBS_ARRAYID" not in env
+
+
+def test_environment_for_an_array_task() -> None:
+    env = env_of(spec(display_id="9[4]", array_id=9, array_index=4))
+    assert env["PBS_JOBID"] == "9[4]" and env["PBS_ARRAYID"] == "4"
+    assert env["SLURM_ARRAY_JOB_ID"] == "9" and env["SLURM_ARRAY_TASK_ID"] == "4"
+    assert env["PATH"]  # a default when the submitter had none
+
+
+def test_nodefile_lists_each_host_once_per_cpu() -> None:
+    assert nodefile_lines(spec(hosts=["a", "b"]), "x") == ["a", "a", "b", "b"]
+    assert nodefile_lines(spec(hosts=[]), "x") == ["x", "x"]
+
+
+def test_identity_rules() -> None:
+    me = resolve_identity(spec(), os.geteuid())
+    assert not me.switch
+    with pytest.raises(LaunchError, match="without root privileges"):
+        resolve_identity(spec(uid=4321), 1000)
+    other = resolve_identity(spec(uid=4321, gid=77), 0)
+    assert other.switch and other.groups == [77]  # unknown uid: run it anyway
+
+
+def test_cpu_map_wraps_cpus_the_machine_lacks() -> None:
+    assert cpu_map([0, 1], {0, 1, 2, 3}) == {0: 0, 1: 1}
+    assert cpu_map([2, 3, 4, 5], {0, 1}) == {2: 0, 3: 1, 4: 0, 5: 1}
+
+
+def _run(status: int | None, reason: JobResult | None = None) -> Run:
+    run = Run(spec(), None, 1, 0.0, status=status)  # type: ignore[arg-type]
+    run.kill_reason = reason
+    return run
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "expected"),
+    [
+        (0, None, (JobResult.COMPLETED, 0, None)),
+        (3 << 8, None, (JobResult.FAILED, 3, None)),
+        (signal.SIGSEGV, None, (JobResult.FAILED, 256 + 11, 11)),
+        (signal.SIGTERM, JobResult.TIMEOUT, (JobResult.TIMEOUT, 271, 15)),
+        (0, JobResult.CANCELLED, (JobResult.CANCELLED, 0, None)),
+        (None, JobResult.NODE_FAIL, (JobResult.NODE_FAIL, None, None)),
+    ],
+)
+def test_exit_status_follows_pbs(
+    status: int | None, reason: JobResult | None, expected: tuple[object, ...]
+) -> None:
+    r = ended_report(_run(status, reason))
+    assert (r.result, r.exit_status, r.signal) == expected
+
+
+def test_signal_death_is_explained() -> None:
+    assert "SIGSEGV" in ended_report(_run(signal.SIGSEGV)).comment
+
+
+def test_procfs_reads_this_process() -> None:
+    me = procfs.read_stat(os.getpid())
+    assert me is not None
+    assert (me.ppid, me.pgid, me.sid) == (os.getppid(), os.getpgid(0), os.getsid(0))
+    assert me.rss_kb > 0 and not me.zombie
+    assert procfs.read_stat(2**22 + 1) is None
+    env = procfs.read_environ(os.getpid())
+    assert env is not None and "PATH" in env
+    table = procfs.ProcTable.scan()
+    assert os.getpid() in table.subtree([os.getppid()])
+    assert os.getpid() in table.members(os.getsid(0))
+
+
+def test_main_without_cpus_fails_cleanly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MB_HOME", str(tmp_path))
+    assert main(["--name", "nowhere"]) == 1
+
+
+def test_node_settings_from_config() -> None:
+    config = Config(
+        nodes=[
+            NodeConfig(name="a", cpus=[0, 1], mem="1gb"),
+            NodeConfig(name="b", cpus=[1, 2]),
+        ]
+    )
+    args = _parse(["--name", "a", "--from-config"])
+    assert node_settings(args, config) == ([0, 1], 1 << 20, [1])
+    args = _parse(["--name", "b", "--cpus", "5", "--mem", "2mb", "--shared-cpus", ""])
+    assert node_settings(args, config) == ([5], 2048, [])
+    with pytest.raises(InvalidArgument):
+        node_settings(_parse(["--name", "c"]), config)
