@@ -12,7 +12,7 @@ import msgspec
 from minibatch.core.job import JobRequest
 
 
-class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+class NodeView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """A node that can take work. Down and offline nodes are left out."""
 
     name: str
@@ -22,7 +22,7 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     free_mem_kb: int | None = None
 
 
-class RunningView(msgspec.Struct, frozen=True, kw_only=True):
+class RunningView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """A running job: where it is and when it is expected to end at the latest."""
 
     id: int
@@ -37,7 +37,7 @@ class RunningView(msgspec.Struct, frozen=True, kw_only=True):
         return max(self.start_time + self.walltime, now)
 
 
-class PendingView(msgspec.Struct, frozen=True, kw_only=True):
+class PendingView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """An eligible pending job (not held, no unmet dependency), in priority order."""
 
     id: int
@@ -66,7 +66,9 @@ class Start(msgspec.Struct, frozen=True):
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
     generation: int
     starts: list[Start] = []
-    #: For every pending job that does not start: why, in words a person understands.
+    #: Why a pending job does not start, in words a person understands.
     reasons: dict[int, str] = {}
+    #: The reason of every pending job not in ``reasons`` (lets a pass stop early).
+    default_reason: str = ""
     #: Predicted start times, where the policy can tell.
     predicted: dict[int, float] = {}

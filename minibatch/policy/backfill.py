@@ -47,6 +47,7 @@ class Easy:
         head: PendingView | None = None
         shadow: float | None = None
         extra: Pool | None = None
+        default = ""
         for job in snap.pending:
             req = job.request
             if head is None:
@@ -66,8 +67,8 @@ class Easy:
                     predicted[job.id] = shadow
                 continue
             if pool.free_cpus() == 0:
-                reasons[job.id] = f"queued behind job {head.id} (no free CPUs)"
-                continue
+                default = f"queued behind job {head.id} (no free CPUs)"
+                break  # nothing more can start: the rest share one reason
             nodes = pool.fit(req)
             if nodes is None:
                 reasons[job.id] = waiting_reason(req, pool)
@@ -90,6 +91,7 @@ class Easy:
             starts=starts,
             reasons=reasons,
             predicted=predicted,
+            default_reason=default,
         )
 
 

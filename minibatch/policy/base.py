@@ -83,9 +83,10 @@ def mem_per_node(req: JobRequest) -> int | None:
 
 def waiting_reason(req: JobRequest, pool: Pool) -> str:
     """Why a job does not fit now, in the user's terms."""
+    cpus = "1 CPU" if req.ppn == 1 else f"{req.ppn} CPUs"
     if req.nodes == 1:
-        return f"waiting for {req.ppn} CPUs ({max(pool.cpus.values(), default=0)} free)"
-    return f"waiting for {req.nodes} nodes with {req.ppn} CPUs each"
+        return f"waiting for {cpus} ({max(pool.cpus.values(), default=0)} free)"
+    return f"waiting for {req.nodes} nodes with {cpus} each"
 
 
 def reserved_reason(base: str, start: float, now: float) -> str:

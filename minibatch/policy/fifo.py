@@ -23,16 +23,18 @@ class Fifo:
         pool = Pool(snap)
         starts: list[Start] = []
         reasons: dict[int, str] = {}
-        blocked: int | None = None
+        default = ""
         for job in snap.pending:
-            if blocked is not None:
-                reasons[job.id] = f"queued behind job {blocked} (fifo)"
-                continue
             nodes = pool.fit(job.request)
             if nodes is None:
-                blocked = job.id
                 reasons[job.id] = waiting_reason(job.request, pool)
-                continue  # head blocked: later jobs only get their reason
+                default = f"queued behind job {job.id} (fifo)"
+                break  # head blocked: stop to preserve FIFO order
             pool.take(nodes, job.request)
             starts.append(Start(job.id, nodes))
-        return Plan(generation=snap.generation, starts=starts, reasons=reasons)
+        return Plan(
+            generation=snap.generation,
+            starts=starts,
+            reasons=reasons,
+            default_reason=default,
+        )

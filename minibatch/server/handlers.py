@@ -132,6 +132,8 @@ def query_jobs(
         if msg.finished:
             jobs += state.store.finished_jobs(user=msg.user, since=msg.since)
         jobs.sort(key=lambda j: j.id)
+    for job in jobs:
+        state.explain(job)
     return JobList(jobs=jobs)
 
 
@@ -260,11 +262,7 @@ def apply_plan(
             started.append(start.job)
         else:
             rejected[start.job] = why
-    for jid, reason in msg.plan.reasons.items():
-        job = state.jobs.get(jid)
-        if job is not None and job.state is JobState.QUEUED:
-            job.reason = reason
-            job.predicted_start = msg.plan.predicted.get(jid)
+    state.take_notes(msg.plan)
     return PlanResult(started=started, rejected=rejected)
 
 

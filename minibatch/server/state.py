@@ -25,7 +25,7 @@ from minibatch.core.job import (
     dependency_outcome,
     transition,
 )
-from minibatch.core.snapshot import ClusterSnapshot, PendingView, RunningView
+from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan, RunningView
 from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import Kill, Launch, LaunchSpec, Message, Wake
@@ -53,6 +53,14 @@ class ServerState:
         self.scheduler: bytes | None = None
         self.scheduler_pid: int | None = None
         self.policy_name = ""
+        #: Pending-job views reused across snapshots (immutable; dropped on change).
+        self.views: dict[int, PendingView] = {}
+        #: The last plan's words for queued jobs, resolved when jobs are queried.
+        self.plan_reasons: dict[int, str] = {}
+        self.plan_predicted: dict[int, float] = {}
+        self.plan_default = ""
+        self.plan_time = 0.0
+        self.snapshot_time = 0.0
         self.outbox: list[tuple[bytes, Message]] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.wake = False
@@ -89,6 +97,7 @@ class ServerState:
 
     def _unindex(self, job: Job) -> None:
         self.jobs.pop(job.id, None)
+        self.views.pop(job.id, None)
         if job.array_id is not None:
             tasks = self.arrays.get(job.array_id)
             if tasks is not None:
@@ -269,6 +278,7 @@ class ServerState:
         if why is not None:
             raise InfeasibleRequest(f"job could never run: {why}")
         job.name, job.request = new_name, request
+        self.views.pop(job.id, None)
         self.store.put_job(job)
         self.record(job, "altered")
         self.changed()
@@ -279,17 +289,19 @@ class ServerState:
         now = self.clock()
         running = []
         pending = []
+        views = self.views
         for job in self.jobs.values():
             if job.state is JobState.QUEUED:
-                pending.append(
-                    PendingView(
+                view = views.get(job.id)
+                if view is None:
+                    view = views[job.id] = PendingView(
                         id=job.id,
                         user=job.user,
                         group=job.group,
                         request=job.request,
                         submit_time=job.submit_time,
                     )
-                )
+                pending.append(view)
             elif job.alloc:
                 running.append(
                     RunningView(
@@ -302,6 +314,7 @@ class ServerState:
                     )
                 )
         pending.sort(key=lambda p: (p.submit_time, p.id))
+        self.snapshot_time = now
         return ClusterSnapshot(
             now=now,
             generation=self.generation,
@@ -319,6 +332,7 @@ class ServerState:
         if isinstance(allocs, str):
             return allocs
         transition(job, JobState.RUNNING)
+        self.views.pop(job.id, None)
         job.alloc, job.start_time, job.reason = allocs, self.clock(), ""
         job.predicted_start = None
         self.store.put_job(job)
@@ -328,6 +342,22 @@ class ServerState:
         )
         self.generation += 1
         return None
+
+    def take_notes(self, plan: Plan) -> None:
+        """Keep the plan's reasons and predicted starts for queued jobs."""
+        self.plan_reasons, self.plan_predicted = plan.reasons, plan.predicted
+        self.plan_default, self.plan_time = plan.default_reason, self.snapshot_time
+
+    def explain(self, job: Job) -> None:
+        """Fill a queued job's reason and predicted start from the last plan."""
+        if job.state is not JobState.QUEUED:
+            return
+        reason = self.plan_reasons.get(job.id)
+        if reason is None:
+            seen = job.submit_time <= self.plan_time
+            reason = self.plan_default if seen and self.plan_default else ""
+        job.reason = reason or "waiting for the scheduler"
+        job.predicted_start = self.plan_predicted.get(job.id)
 
     # --------------------------------------------------------------- ends
 
