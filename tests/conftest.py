@@ -88,7 +88,7 @@ def server_state(tmp_path: Path, clock: Clock) -> Iterator[ServerState]:
 
 def validate(state: ServerState) -> None:
     """Invariants that must hold after any sequence of operations."""
-    from minibatch.core.job import ACTIVE_STATES
+    from minibatch.core.job import ACTIVE_STATES, JobState
 
     held: dict[tuple[str, int], int] = {}
     for job in state.jobs.values():
@@ -98,6 +98,13 @@ def validate(state: ServerState) -> None:
             for cpu in alloc.cpus:
                 assert (alloc.node, cpu) not in held, "CPU allocated twice"
                 held[(alloc.node, cpu)] = job.id
+    queued = {j.id for j in state.jobs.values() if j.state is JobState.QUEUED}
+    assert set(state.queue) == queued, "queue out of step with job states"
+    active = {j.id for j in state.jobs.values() if j.state in ACTIVE_STATES}
+    assert state.active == active, "active set out of step with job states"
+    snap = state.snapshot()
+    keys = [(p.submit_time, p.id) for p in snap.pending]
+    assert keys == sorted(keys), "snapshot queue not in priority order"
     for node in state.nodes.nodes.values():
         for cpu, jid in node.used.items():
             assert held.get((node.name, cpu)) == jid, (

@@ -7,17 +7,16 @@ Requests are matched to replies by id; unsolicited messages from the server
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from minibatch.errors import ProtocolError, RemoteError
 from minibatch.net.client import unreachable
+from minibatch.net.driver import Frames, SocketDriver
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import Error, Message
 
@@ -31,27 +30,28 @@ class AsyncClient:
 
     def __init__(self, endpoint: str, identity: bytes, on_message: Handler) -> None:
         self.endpoint = endpoint
-        self._sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.IDENTITY, identity)
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, identity)
         # Reconnect fast after a server restart; queue nothing for a dead peer.
-        self._sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        self._sock.setsockopt(zmq.IMMEDIATE, 1)
-        self._sock.connect(endpoint)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.connect(endpoint)
+        self._sock = sock
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Message]] = {}
         self._on_message = on_message
-        self._reader: asyncio.Task[None] | None = None
+        self._driver: SocketDriver | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        self._driver = SocketDriver(self._sock, self._on_batch)
 
-    async def _read(self) -> None:
-        while True:
-            frame = await self._sock.recv()
+    def _on_batch(self, batch: list[Frames]) -> None:
+        for frames in batch:
             try:
-                env = decode(frame)
+                env = decode(frames[-1].bytes)
             except ProtocolError as exc:
                 log.warning("dropping a malformed frame from the server: %s", exc)
                 continue
@@ -60,33 +60,53 @@ class AsyncClient:
                 if not fut.done():
                     fut.set_result(env.body)
                 continue
-            try:
-                await self._on_message(env.body)
-            except Exception:
-                log.exception("handling %s failed", type(env.body).__name__)
+            task = asyncio.get_running_loop().create_task(self._dispatch(env.body))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _dispatch(self, body: Message) -> None:
+        try:
+            await self._on_message(body)
+        except Exception:
+            log.exception("handling %s failed", type(body).__name__)
+
+    def _send(self, data: bytes) -> bool:
+        if self._driver is None:
+            raise RuntimeError("AsyncClient.start() was not called")
+        return self._driver.send([data])
 
     async def send(self, body: Message) -> None:
         """Send without waiting for a reply (the reply, if any, is dropped)."""
-        await self._sock.send(encode(body, next(self._ids)))
+        self._send(encode(body, next(self._ids)))
 
     async def call(self, body: Message, timeout: float = 10.0) -> Any:
+        loop = asyncio.get_running_loop()
         rid = next(self._ids)
-        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Message] = loop.create_future()
         self._waiting[rid] = fut
+        timer = loop.call_later(timeout, _expire, fut)
         try:
-            await self._sock.send(encode(body, rid), flags=zmq.NOBLOCK)
-            reply = await asyncio.wait_for(fut, timeout)
-        except (TimeoutError, zmq.Again):
+            if not self._send(encode(body, rid)):
+                raise unreachable(self.endpoint, timeout)
+            reply = await fut
+        except TimeoutError:
             raise unreachable(self.endpoint, timeout) from None
         finally:
+            timer.cancel()
             self._waiting.pop(rid, None)
         if isinstance(reply, Error):
             raise RemoteError(reply.code, reply.message)
         return reply
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        self._sock.close(0)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._driver is not None:
+            self._driver.close()
+        else:
+            self._sock.close(0)
+
+
+def _expire(fut: asyncio.Future[Message]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())

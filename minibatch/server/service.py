@@ -21,12 +21,12 @@ import os
 from pathlib import Path
 
 import zmq
-import zmq.asyncio
 
 from minibatch import config as configuration
 from minibatch.daemon import setup_logging, single_instance, stop_on_signals
 from minibatch.errors import ErrorCode, MinibatchError, ProtocolError
 from minibatch.events.publisher import EventPublisher
+from minibatch.net.driver import Frames, SocketDriver
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import Error
 from minibatch.server import liveness
@@ -56,9 +56,9 @@ class Server:
             mqtt_url=url,
         )
         self.publisher = EventPublisher(url, config.mqtt.topic_prefix)
-        self.sock: zmq.asyncio.Socket | None = None
+        self.driver: SocketDriver | None = None
 
-    def handle(self, frames: list[zmq.Frame]) -> bytes | None:
+    def handle(self, frames: Frames) -> bytes | None:
         """One request in, at most one encoded reply out; never raises."""
         rid = 0
         try:
@@ -88,8 +88,6 @@ class Server:
         """Commit, then perform everything the state queued."""
         state = self.state
         state.store.commit()
-        sock = self.sock
-        assert sock is not None
         for identity, message in state.outbox:
             self._send(identity, encode(message))
         state.outbox.clear()
@@ -101,26 +99,33 @@ class Server:
             self._send(state.scheduler, encode(wake))
 
     def _send(self, identity: bytes, data: bytes) -> None:
-        assert self.sock is not None
-        with contextlib.suppress(zmq.Again, zmq.ZMQError):
-            # A peer that vanished is not an error here: nodes re-register,
-            # the scheduler polls, and clients time out cleanly.
-            self.sock.send_multipart([identity, data], flags=zmq.NOBLOCK)
+        # A peer that vanished is not an error here: nodes re-register, the
+        # scheduler polls, and clients time out cleanly.
+        assert self.driver is not None
+        self.driver.send([identity, data])
+
+    def on_batch(self, batch: list[Frames]) -> None:
+        """Handle every waiting request, commit once, then reply."""
+        replies = [(frames[0].bytes, self.handle(frames)) for frames in batch]
+        self.state.store.commit()
+        for identity, reply in replies:
+            if reply is not None:
+                self._send(identity, reply)
+        self.flush()
 
     async def serve(self, stop: asyncio.Event) -> None:
-        sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.bind(self.endpoint)
         if self.endpoint.startswith("ipc://"):
             # Any local user may submit; identity comes from peer credentials.
             os.chmod(self.endpoint[len("ipc://") :], 0o777)
-        self.sock = sock
+        self.driver = SocketDriver(sock, self.on_batch, BATCH)
         log.info("serving on %s (%d active jobs)", self.endpoint, len(self.state.jobs))
         tasks = [
             asyncio.create_task(self.publisher.run()),
             asyncio.create_task(self._watch_nodes()),
-            asyncio.create_task(self._receive()),
         ]
         await stop.wait()
         for task in tasks:
@@ -129,28 +134,9 @@ class Server:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.state.store.commit()
-        sock.close(0)
+        self.driver.close()
         self.state.store.close()
         log.info("stopped")
-
-    async def _receive(self) -> None:
-        sock = self.sock
-        assert sock is not None
-        while True:
-            batch = [await sock.recv_multipart(copy=False)]
-            while len(batch) < BATCH:
-                try:
-                    batch.append(
-                        await sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-                    )
-                except zmq.Again:
-                    break
-            replies = [(frames[0].bytes, self.handle(frames)) for frames in batch]
-            self.state.store.commit()
-            for identity, reply in replies:
-                if reply is not None:
-                    self._send(identity, reply)
-            self.flush()
 
     async def _watch_nodes(self) -> None:
         interval = min(1.0, self.config.server.node_timeout / 4)

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from minibatch.core.job import (
+    ACTIVE_STATES,
     PENDING_STATES,
     Job,
     JobResult,
@@ -53,8 +54,13 @@ class ServerState:
         self.scheduler: bytes | None = None
         self.scheduler_pid: int | None = None
         self.policy_name = ""
-        #: Pending-job views reused across snapshots (immutable; dropped on change).
-        self.views: dict[int, PendingView] = {}
+        #: Queued jobs in priority order (submission order), as the immutable views
+        #: snapshots share; kept sorted lazily so a pass never scans every job.
+        self.queue: dict[int, PendingView] = {}
+        self._queue_sorted = True
+        self._queue_max: tuple[float, int] = (0.0, 0)
+        #: Running and exiting jobs (they hold resources).
+        self.active: set[int] = set()
         #: The last plan's words for queued jobs, resolved when jobs are queried.
         self.plan_reasons: dict[int, str] = {}
         self.plan_predicted: dict[int, float] = {}
@@ -87,6 +93,10 @@ class ServerState:
 
     def _index(self, job: Job) -> None:
         self.jobs[job.id] = job
+        if job.state is JobState.QUEUED:
+            self._enqueue(job)
+        elif job.state in ACTIVE_STATES:
+            self.active.add(job.id)
         if job.array_id is not None:
             self.arrays.setdefault(job.array_id, []).append(job.id)
         if job.state is JobState.WAITING or (
@@ -97,13 +107,42 @@ class ServerState:
 
     def _unindex(self, job: Job) -> None:
         self.jobs.pop(job.id, None)
-        self.views.pop(job.id, None)
+        self.queue.pop(job.id, None)
+        self.active.discard(job.id)
         if job.array_id is not None:
             tasks = self.arrays.get(job.array_id)
             if tasks is not None:
                 tasks.remove(job.id)
                 if not tasks:
                     del self.arrays[job.array_id]
+
+    def _enqueue(self, job: Job) -> None:
+        key = (job.submit_time, job.id)
+        if key < self._queue_max:
+            self._queue_sorted = False  # a release or a satisfied dependency
+        else:
+            self._queue_max = key
+        self.queue[job.id] = PendingView(
+            id=job.id,
+            user=job.user,
+            group=job.group,
+            request=job.request,
+            submit_time=job.submit_time,
+        )
+
+    def _move(self, job: Job, to: JobState) -> str:
+        """:func:`transition`, keeping the queue and the active set in step."""
+        before = job.state
+        event = transition(job, to)
+        if before is JobState.QUEUED:
+            self.queue.pop(job.id, None)
+        elif before in ACTIVE_STATES and to not in ACTIVE_STATES:
+            self.active.discard(job.id)
+        if to is JobState.QUEUED:
+            self._enqueue(job)
+        elif to in ACTIVE_STATES:
+            self.active.add(job.id)
+        return event
 
     def changed(self) -> None:
         self.generation += 1
@@ -221,7 +260,7 @@ class ServerState:
         if job.state in PENDING_STATES:
             self._finish(job, JobResult.CANCELLED, comment=comment)
         elif job.state is JobState.RUNNING:
-            transition(job, JobState.EXITING)
+            self._move(job, JobState.EXITING)
             job.comment = comment
             self.store.put_job(job)
             self.record(job, "exiting", comment)
@@ -240,7 +279,7 @@ class ServerState:
             )
 
     def hold(self, job: Job) -> None:
-        transition(job, JobState.HELD)
+        self._move(job, JobState.HELD)
         self.store.put_job(job)
         self.record(job, "held")
         self._set_pending_reason(job)
@@ -250,7 +289,7 @@ class ServerState:
         if job.state is not JobState.HELD:
             raise InvalidArgument(f"job {job.display_id} is not held")
         pending = [d for d in job.depends if d.job in self.jobs]
-        transition(job, JobState.WAITING if pending else JobState.QUEUED)
+        self._move(job, JobState.WAITING if pending else JobState.QUEUED)
         self.store.put_job(job)
         self.record(job, "released")
         self._set_pending_reason(job)
@@ -278,7 +317,8 @@ class ServerState:
         if why is not None:
             raise InfeasibleRequest(f"job could never run: {why}")
         job.name, job.request = new_name, request
-        self.views.pop(job.id, None)
+        self.queue.pop(job.id, None)
+        self._enqueue(job)
         self.store.put_job(job)
         self.record(job, "altered")
         self.changed()
@@ -287,40 +327,31 @@ class ServerState:
 
     def snapshot(self) -> ClusterSnapshot:
         now = self.clock()
+        if not self._queue_sorted:
+            order = sorted(self.queue.values(), key=lambda p: (p.submit_time, p.id))
+            self.queue = {p.id: p for p in order}
+            self._queue_sorted = True
         running = []
-        pending = []
-        views = self.views
-        for job in self.jobs.values():
-            if job.state is JobState.QUEUED:
-                view = views.get(job.id)
-                if view is None:
-                    view = views[job.id] = PendingView(
-                        id=job.id,
-                        user=job.user,
-                        group=job.group,
-                        request=job.request,
-                        submit_time=job.submit_time,
-                    )
-                pending.append(view)
-            elif job.alloc:
-                running.append(
-                    RunningView(
-                        id=job.id,
-                        user=job.user,
-                        nodes=tuple((a.node, len(a.cpus)) for a in job.alloc),
-                        mem_kb_per_node=mem_per_node(job.request),
-                        start_time=job.start_time or now,
-                        walltime=job.request.walltime,
-                    )
+        for jid in self.active:
+            job = self.jobs[jid]
+            running.append(
+                RunningView(
+                    id=job.id,
+                    user=job.user,
+                    nodes=tuple((a.node, len(a.cpus)) for a in job.alloc),
+                    mem_kb_per_node=mem_per_node(job.request),
+                    start_time=job.start_time or now,
+                    walltime=job.request.walltime,
                 )
-        pending.sort(key=lambda p: (p.submit_time, p.id))
+            )
+        running.sort(key=lambda r: r.id)
         self.snapshot_time = now
         return ClusterSnapshot(
             now=now,
             generation=self.generation,
             nodes=self.nodes.views(),
             running=tuple(running),
-            pending=tuple(pending),
+            pending=tuple(self.queue.values()),
         )
 
     def start(self, job_id: int, names: tuple[str, ...]) -> str | None:
@@ -331,8 +362,7 @@ class ServerState:
         allocs = self.nodes.allocate(job.id, names, job.request)
         if isinstance(allocs, str):
             return allocs
-        transition(job, JobState.RUNNING)
-        self.views.pop(job.id, None)
+        self._move(job, JobState.RUNNING)
         job.alloc, job.start_time, job.reason = allocs, self.clock(), ""
         job.predicted_start = None
         self.store.put_job(job)
@@ -385,7 +415,7 @@ class ServerState:
         end_time: float | None = None,
         comment: str = "",
     ) -> None:
-        transition(job, JobState.FINISHED)
+        self._move(job, JobState.FINISHED)
         job.result, job.end_time = result, end_time or self.clock()
         job.reason, job.predicted_start = "", None
         if comment:
@@ -413,7 +443,7 @@ class ServerState:
         if False in outcomes:
             self._cancel_unsatisfiable(job)
         elif all(o is True for o in outcomes) and job.state is JobState.WAITING:
-            transition(job, JobState.QUEUED)
+            self._move(job, JobState.QUEUED)
             self.store.put_job(job)
             self.record(job, "eligible", "dependencies satisfied")
             self._set_pending_reason(job)
