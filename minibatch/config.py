@@ -87,7 +87,7 @@ class SchedulerConfig(
     params: dict[str, Any] = {}
     #: Seconds between periodic passes (the safety net behind event-driven passes).
     interval: float = 10.0
-    #: Events arriving within this window are coalesced into one pass.
+    #: Passes start at least this far apart; events in between fold into one pass.
     coalesce_ms: float = 2.0
 
 

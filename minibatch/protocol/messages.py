@@ -136,9 +136,14 @@ class SchedHello(_Msg, frozen=True, kw_only=True, tag="sched_hello"):
 
 
 class Wake(_Msg, frozen=True, kw_only=True, tag="wake"):
-    """Server -> scheduler: state changed; plan again. No reply."""
+    """Server -> scheduler: state changed; plan this snapshot. No reply.
+
+    Carrying the snapshot saves the scheduler a round trip per pass; without one
+    (``None``) the scheduler asks with ``GetSnapshot``.
+    """
 
     generation: int
+    snapshot: ClusterSnapshot | None = None
 
 
 class GetSnapshot(_Msg, frozen=True, kw_only=True, tag="get_snapshot"):

@@ -1,16 +1,17 @@
 """mb-scheduler: event-driven, coalesced scheduling passes over a pure policy.
 
-The server sends ``Wake`` after every state change (submit, job end, node change).
-A wake starts a pass at once unless the previous pass started less than
-``coalesce_ms`` ago; events that arrive meanwhile are folded into the next pass, so
-a burst costs a few passes, not one each (Flux coalesces the same way). A periodic
-pass every ``interval`` seconds is the safety net for anything missed (and
-re-registers after a server restart).
+After a state change (submit, job end, node change) the server pushes a ``Wake``
+carrying a fresh snapshot; the scheduler plans it and sends the plan back. The
+server keeps one snapshot out at a time, so changes made during a pass fold into
+the next one, and pushes at most one per ``coalesce_ms``: an isolated event is
+planned at once, a burst of 1,000 submissions costs a few passes (Flux coalesces
+the same way). Every ``interval`` seconds without a wake the scheduler says hello
+again, which makes the server push a snapshot: the safety net for anything
+missed, and re-registration after a server restart.
 
-A pass: fetch a snapshot, run ``policy.plan`` on it, send the plan back. The server
-validates every start against its current state, so a plan made from a snapshot
-that has since gone stale cannot over-allocate: stale starts are just rejected.
-The scheduler keeps no state between passes.
+The server validates every start against its current state, so a plan made from a
+snapshot that has since gone stale cannot over-allocate: stale starts are just
+rejected. The scheduler keeps no state between passes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import time
 
 from minibatch import config as configuration
+from minibatch.core.snapshot import ClusterSnapshot
 from minibatch.daemon import setup_logging, single_instance, stop_on_signals
 from minibatch.errors import MinibatchError, Unavailable
 from minibatch.net.aio import AsyncClient
@@ -45,33 +47,32 @@ RETRY = 0.1
 
 class Scheduler:
     def __init__(
-        self,
-        endpoint: str,
-        policy: Policy,
-        policy_label: str,
-        interval: float,
-        coalesce: float,
+        self, endpoint: str, policy: Policy, policy_label: str, interval: float
     ) -> None:
         self.policy, self.policy_label = policy, policy_label
-        self.interval, self.coalesce = interval, coalesce
+        self.interval = interval
         self.wanted = asyncio.Event()
+        self.pushed: ClusterSnapshot | None = None
         self.client = AsyncClient(endpoint, b"scheduler", self._on_message)
         self.passes = 0
-        self.last_pass = 0.0
 
     async def _on_message(self, msg: Message) -> None:
         if isinstance(msg, Wake):
+            self.pushed = msg.snapshot
             self.wanted.set()
 
     async def hello(self) -> None:
         await self.client.call(SchedHello(pid=os.getpid(), policy=self.policy_label))
 
-    async def one_pass(self) -> PlanResult:
-        reply: SnapshotReply = await self.client.call(GetSnapshot())
+    async def one_pass(self, snap: ClusterSnapshot | None = None) -> PlanResult:
+        """Plan ``snap`` (or a snapshot fetched now) and send the plan back."""
+        if snap is None:
+            reply: SnapshotReply = await self.client.call(GetSnapshot())
+            snap = reply.snapshot
         t0 = time.perf_counter()
         # Called inline, not in a thread: the scheduler has nothing else to do
         # meanwhile, and wakes that arrive during the pass just set the event.
-        plan = self.policy.plan(reply.snapshot)
+        plan = self.policy.plan(snap)
         elapsed = time.perf_counter() - t0
         result: PlanResult = await self.client.call(ApplyPlan(plan=plan))
         self.passes += 1
@@ -82,7 +83,7 @@ class Scheduler:
         log.debug(
             "pass %d: %d pending, %d started, %.1f ms",
             self.passes,
-            len(reply.snapshot.pending),
+            len(snap.pending),
             len(result.started),
             elapsed * 1e3,
         )
@@ -92,36 +93,35 @@ class Scheduler:
         self.client.start()
         registered = False
         while not stop.is_set():
-            try:
-                if not registered:
-                    await self.hello()
-                    registered = True
-                    log.info(
-                        "registered with the server (policy %s)", self.policy_label
-                    )
-                await self.one_pass()
-            except Unavailable as exc:
-                if registered:
-                    log.warning("%s", exc)
-                registered = False
-            except MinibatchError as exc:
-                log.error("pass failed: %s", exc)
             if not registered:
-                # Not yet connected (or the server is restarting): retry soon,
-                # not after a whole periodic interval.
-                await asyncio.sleep(RETRY)
-                continue
+                try:
+                    # Registering makes the server push a snapshot to plan.
+                    await self.hello()
+                except Unavailable:
+                    # Not yet connected, or the server is restarting: retry
+                    # soon, not after a whole periodic interval.
+                    await asyncio.sleep(RETRY)
+                    continue
+                registered = True
+                log.info("registered with the server (policy %s)", self.policy_label)
             await self._wait(stop)
+            if stop.is_set():
+                break
             if not self.wanted.is_set():
-                registered = False  # periodic pass: re-register, the server may be new
-            else:
-                # Passes start at least ``coalesce`` apart: an isolated event is
-                # handled at once, a burst (1,000 submissions) costs a few passes.
-                gap = self.last_pass + self.coalesce - time.monotonic()
-                if gap > 0:
-                    await asyncio.sleep(gap)
+                registered = False  # periodic: say hello again; the server may be new
+                continue
+            snap, self.pushed = self.pushed, None
             self.wanted.clear()
-            self.last_pass = time.monotonic()
+            try:
+                await self.one_pass(snap)
+            except Unavailable as exc:
+                log.warning("%s", exc)
+                registered = False
+            except Exception:
+                # A policy bug must not stop scheduling for good: log it, and
+                # re-register so the server sends a fresh snapshot.
+                log.exception("pass failed")
+                registered = False
         await self.client.close()
 
     async def _wait(self, stop: asyncio.Event) -> None:
@@ -141,11 +141,7 @@ async def _main(paths: configuration.Paths) -> None:
     sched = config.scheduler
     policy = registry.load(sched.policy, sched.params)
     scheduler = Scheduler(
-        config.server_endpoint(paths),
-        policy,
-        sched.policy,
-        sched.interval,
-        sched.coalesce_ms / 1000,
+        config.server_endpoint(paths), policy, sched.policy, sched.interval
     )
     stop = asyncio.Event()
     stop_on_signals(stop)

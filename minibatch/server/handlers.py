@@ -231,6 +231,7 @@ def sched_hello(
 ) -> Message:
     _need_daemon(ctx, caller)
     state.scheduler, state.scheduler_pid, state.policy_name = ident, msg.pid, msg.policy
+    state.plan_pending_since = None
     state.wake = True
     return Ok()
 
@@ -243,7 +244,9 @@ def get_snapshot(
     msg: GetSnapshot,
 ) -> Message:
     _need_daemon(ctx, caller)
-    return SnapshotReply(snapshot=state.snapshot())
+    snap = state.snapshot()
+    state.plan_pending_since = snap.now
+    return SnapshotReply(snapshot=snap)
 
 
 def apply_plan(
@@ -263,6 +266,7 @@ def apply_plan(
         else:
             rejected[start.job] = why
     state.take_notes(msg.plan)
+    state.plan_pending_since = None
     return PlanResult(started=started, rejected=rejected)
 
 

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 
 import zmq
@@ -57,6 +58,9 @@ class Server:
         )
         self.publisher = EventPublisher(url, config.mqtt.topic_prefix)
         self.driver: SocketDriver | None = None
+        self.coalesce = config.scheduler.coalesce_ms / 1000
+        self._last_wake = 0.0
+        self._wake_timer: asyncio.TimerHandle | None = None
 
     def handle(self, frames: Frames) -> bytes | None:
         """One request in, at most one encoded reply out; never raises."""
@@ -94,9 +98,29 @@ class Server:
         for topic, payload in state.events:
             self.publisher.publish(topic, payload)
         state.events.clear()
+        self._wake_scheduler()
+
+    def _wake_scheduler(self) -> None:
+        """Push a snapshot to the scheduler, at most one per ``coalesce`` seconds.
+
+        An isolated change is planned at once; a burst (1,000 submissions) is
+        folded into a few passes instead of one each.
+        """
+        state = self.state
+        if not state.wake or state.scheduler is None or self._wake_timer is not None:
+            return
+        gap = self._last_wake + self.coalesce - time.monotonic()
+        if gap > 0:
+            self._wake_timer = asyncio.get_running_loop().call_later(gap, self._rewake)
+            return
         wake = state.take_wake()
-        if wake is not None and state.scheduler is not None:
+        if wake is not None:
+            self._last_wake = time.monotonic()
             self._send(state.scheduler, encode(wake))
+
+    def _rewake(self) -> None:
+        self._wake_timer = None
+        self._wake_scheduler()
 
     def _send(self, identity: bytes, data: bytes) -> None:
         # A peer that vanished is not an error here: nodes re-register, the
@@ -143,8 +167,8 @@ class Server:
         while True:
             await asyncio.sleep(interval)
             liveness.check_nodes(self.state, self.config.server.node_timeout)
-            if self.state.store.dirty or self.state.outbox or self.state.events:
-                self.flush()
+            # Also retries a wake held back by a plan that never came back.
+            self.flush()
 
 
 async def _main(paths: configuration.Paths) -> None:

@@ -69,7 +69,10 @@ class ServerState:
         self.snapshot_time = 0.0
         self.outbox: list[tuple[bytes, Message]] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
+        #: State changed since the scheduler's last snapshot.
         self.wake = False
+        #: A snapshot is out and its plan has not come back yet (server clock).
+        self.plan_pending_since: float | None = None
         now = clock()
         nodes = store.load_nodes()
         for node in nodes:
@@ -164,12 +167,23 @@ class ServerState:
             )
         )
 
-    def take_wake(self) -> Message | None:
+    def take_wake(self, stale_after: float = 5.0) -> Message | None:
+        """A ``Wake`` carrying a fresh snapshot, if the scheduler should plan now.
+
+        Only one snapshot is out at a time: changes made while the scheduler plans
+        are folded into the next one, sent when its plan arrives. A plan that never
+        comes back (a scheduler that died mid-pass) stops blocking after
+        ``stale_after`` seconds.
+        """
         if not self.wake or self.scheduler is None:
-            self.wake = False
+            return None
+        since = self.plan_pending_since
+        if since is not None and self.clock() - since < stale_after:
             return None
         self.wake = False
-        return Wake(generation=self.generation)
+        snap = self.snapshot()
+        self.plan_pending_since = snap.now
+        return Wake(generation=self.generation, snapshot=snap)
 
     # ------------------------------------------------------------- lookup
 
