@@ -265,7 +265,7 @@ def apply_plan(
             started.append(start.job)
         else:
             rejected[start.job] = why
-    state.take_notes(msg.plan)
+    state.queue.take_notes(msg.plan, state.snapshot_time)
     state.plan_pending_since = None
     return PlanResult(started=started, rejected=rejected)
 

@@ -26,11 +26,13 @@ from minibatch.core.job import (
     dependency_outcome,
     transition,
 )
-from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan, RunningView
+from minibatch.core.snapshot import ClusterSnapshot, RunningView
 from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
-from minibatch.protocol.messages import Kill, Launch, LaunchSpec, Message, Wake
+from minibatch.protocol.messages import Kill, Launch, Message, Wake
 from minibatch.server.nodes import Node, NodeRegistry
+from minibatch.server.queue import PendingQueue
+from minibatch.server.records import job_event, launch_spec
 from minibatch.server.store import Store
 from minibatch.server.submit import Caller, build_jobs, check_spec
 
@@ -54,18 +56,9 @@ class ServerState:
         self.scheduler: bytes | None = None
         self.scheduler_pid: int | None = None
         self.policy_name = ""
-        #: Queued jobs in priority order (submission order), as the immutable views
-        #: snapshots share; kept sorted lazily so a pass never scans every job.
-        self.queue: dict[int, PendingView] = {}
-        self._queue_sorted = True
-        self._queue_max: tuple[float, int] = (0.0, 0)
+        self.queue = PendingQueue()
         #: Running and exiting jobs (they hold resources).
         self.active: set[int] = set()
-        #: The last plan's words for queued jobs, resolved when jobs are queried.
-        self.plan_reasons: dict[int, str] = {}
-        self.plan_predicted: dict[int, float] = {}
-        self.plan_default = ""
-        self.plan_time = 0.0
         self.snapshot_time = 0.0
         self.outbox: list[tuple[bytes, Message]] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
@@ -97,7 +90,7 @@ class ServerState:
     def _index(self, job: Job) -> None:
         self.jobs[job.id] = job
         if job.state is JobState.QUEUED:
-            self._enqueue(job)
+            self.queue.add(job)
         elif job.state in ACTIVE_STATES:
             self.active.add(job.id)
         if job.array_id is not None:
@@ -110,7 +103,7 @@ class ServerState:
 
     def _unindex(self, job: Job) -> None:
         self.jobs.pop(job.id, None)
-        self.queue.pop(job.id, None)
+        self.queue.discard(job.id)
         self.active.discard(job.id)
         if job.array_id is not None:
             tasks = self.arrays.get(job.array_id)
@@ -119,30 +112,16 @@ class ServerState:
                 if not tasks:
                     del self.arrays[job.array_id]
 
-    def _enqueue(self, job: Job) -> None:
-        key = (job.submit_time, job.id)
-        if key < self._queue_max:
-            self._queue_sorted = False  # a release or a satisfied dependency
-        else:
-            self._queue_max = key
-        self.queue[job.id] = PendingView(
-            id=job.id,
-            user=job.user,
-            group=job.group,
-            request=job.request,
-            submit_time=job.submit_time,
-        )
-
     def _move(self, job: Job, to: JobState) -> str:
         """:func:`transition`, keeping the queue and the active set in step."""
         before = job.state
         event = transition(job, to)
         if before is JobState.QUEUED:
-            self.queue.pop(job.id, None)
+            self.queue.discard(job.id)
         elif before in ACTIVE_STATES and to not in ACTIVE_STATES:
             self.active.discard(job.id)
         if to is JobState.QUEUED:
-            self._enqueue(job)
+            self.queue.add(job)
         elif to in ACTIVE_STATES:
             self.active.add(job.id)
         return event
@@ -331,8 +310,8 @@ class ServerState:
         if why is not None:
             raise InfeasibleRequest(f"job could never run: {why}")
         job.name, job.request = new_name, request
-        self.queue.pop(job.id, None)
-        self._enqueue(job)
+        self.queue.discard(job.id)
+        self.queue.add(job)
         self.store.put_job(job)
         self.record(job, "altered")
         self.changed()
@@ -341,10 +320,6 @@ class ServerState:
 
     def snapshot(self) -> ClusterSnapshot:
         now = self.clock()
-        if not self._queue_sorted:
-            order = sorted(self.queue.values(), key=lambda p: (p.submit_time, p.id))
-            self.queue = {p.id: p for p in order}
-            self._queue_sorted = True
         running = []
         for jid in self.active:
             job = self.jobs[jid]
@@ -365,7 +340,7 @@ class ServerState:
             generation=self.generation,
             nodes=self.nodes.views(),
             running=tuple(running),
-            pending=tuple(self.queue.values()),
+            pending=self.queue.ordered(),
         )
 
     def start(self, job_id: int, names: tuple[str, ...]) -> str | None:
@@ -387,21 +362,10 @@ class ServerState:
         self.generation += 1
         return None
 
-    def take_notes(self, plan: Plan) -> None:
-        """Keep the plan's reasons and predicted starts for queued jobs."""
-        self.plan_reasons, self.plan_predicted = plan.reasons, plan.predicted
-        self.plan_default, self.plan_time = plan.default_reason, self.snapshot_time
-
     def explain(self, job: Job) -> None:
         """Fill a queued job's reason and predicted start from the last plan."""
-        if job.state is not JobState.QUEUED:
-            return
-        reason = self.plan_reasons.get(job.id)
-        if reason is None:
-            seen = job.submit_time <= self.plan_time
-            reason = self.plan_default if seen and self.plan_default else ""
-        job.reason = reason or "waiting for the scheduler"
-        job.predicted_start = self.plan_predicted.get(job.id)
+        if job.state is JobState.QUEUED:
+            self.queue.explain(job)
 
     # --------------------------------------------------------------- ends
 
@@ -477,44 +441,3 @@ class ServerState:
             JobResult.CANCELLED,
             comment=f"dependency can never be satisfied ({', '.join(failed)})",
         )
-
-
-def launch_spec(job: Job) -> LaunchSpec:
-    return LaunchSpec(
-        job=job.id,
-        display_id=job.display_id,
-        name=job.name,
-        user=job.user,
-        uid=job.uid,
-        gid=job.gid,
-        workdir=job.workdir,
-        script=job.script,
-        argv=job.argv,
-        env=job.env,
-        stdout_path=job.stdout_path,
-        stderr_path=job.stderr_path,
-        join=job.join,
-        cpus=job.alloc[0].cpus,
-        hosts=[a.node for a in job.alloc],
-        walltime=job.request.walltime,
-        mem_kb=mem_per_node(job.request),
-        array_id=job.array_id,
-        array_index=job.array_index,
-    )
-
-
-def job_event(job: Job, event: str, when: float, detail: str) -> dict[str, Any]:
-    """The JSON payload published for a job event."""
-    return {
-        "id": job.display_id,
-        "event": event,
-        "time": when,
-        "detail": detail,
-        "name": job.name,
-        "user": job.user,
-        "state": job.state.value,
-        "result": job.result.value if job.result else None,
-        "exit_status": job.exit_status,
-        "node": job.alloc[0].node if job.alloc else None,
-        "cpus": job.alloc[0].cpus if job.alloc else [],
-    }

@@ -1,0 +1,68 @@
+"""The queue of jobs waiting to be scheduled, and what the last plan said of them.
+
+Snapshots share the queue's immutable :class:`PendingView` records, so a pass costs
+no per-job work on the server beyond copying references. Order is priority order
+(submission order, ties by id); jobs mostly arrive in that order, so sorting is
+needed only after a release or a satisfied dependency, and is done lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from minibatch.core.job import Job
+from minibatch.core.snapshot import PendingView, Plan
+
+
+class PendingQueue:
+    def __init__(self) -> None:
+        self._views: dict[int, PendingView] = {}
+        self._sorted = True
+        self._last: tuple[float, int] = (0.0, 0)
+        self._reasons: dict[int, str] = {}
+        self._predicted: dict[int, float] = {}
+        self._default = ""
+        self._plan_time = 0.0
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._views)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def add(self, job: Job) -> None:
+        key = (job.submit_time, job.id)
+        if key < self._last:
+            self._sorted = False
+        else:
+            self._last = key
+        self._views[job.id] = PendingView(
+            id=job.id,
+            user=job.user,
+            group=job.group,
+            request=job.request,
+            submit_time=job.submit_time,
+        )
+
+    def discard(self, job_id: int) -> None:
+        self._views.pop(job_id, None)
+
+    def ordered(self) -> tuple[PendingView, ...]:
+        if not self._sorted:
+            order = sorted(self._views.values(), key=lambda p: (p.submit_time, p.id))
+            self._views = {p.id: p for p in order}
+            self._sorted = True
+        return tuple(self._views.values())
+
+    def take_notes(self, plan: Plan, snapshot_time: float) -> None:
+        """Keep the plan's reasons and predicted starts (replacing the last)."""
+        self._reasons, self._predicted = plan.reasons, plan.predicted
+        self._default, self._plan_time = plan.default_reason, snapshot_time
+
+    def explain(self, job: Job) -> None:
+        """Fill a queued job's reason and predicted start from the last plan."""
+        reason = self._reasons.get(job.id)
+        if reason is None and job.submit_time <= self._plan_time:
+            reason = self._default  # the plan saw it but stopped early
+        job.reason = reason or "waiting for the scheduler"
+        job.predicted_start = self._predicted.get(job.id)

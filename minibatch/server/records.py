@@ -1,0 +1,50 @@
+"""What the server sends about a job: the node's launch order and the MQTT event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minibatch.core.job import Job
+from minibatch.policy.base import mem_per_node
+from minibatch.protocol.messages import LaunchSpec
+
+
+def launch_spec(job: Job) -> LaunchSpec:
+    return LaunchSpec(
+        job=job.id,
+        display_id=job.display_id,
+        name=job.name,
+        user=job.user,
+        uid=job.uid,
+        gid=job.gid,
+        workdir=job.workdir,
+        script=job.script,
+        argv=job.argv,
+        env=job.env,
+        stdout_path=job.stdout_path,
+        stderr_path=job.stderr_path,
+        join=job.join,
+        cpus=job.alloc[0].cpus,
+        hosts=[a.node for a in job.alloc],
+        walltime=job.request.walltime,
+        mem_kb=mem_per_node(job.request),
+        array_id=job.array_id,
+        array_index=job.array_index,
+    )
+
+
+def job_event(job: Job, event: str, when: float, detail: str) -> dict[str, Any]:
+    """The JSON payload published for a job event."""
+    return {
+        "id": job.display_id,
+        "event": event,
+        "time": when,
+        "detail": detail,
+        "name": job.name,
+        "user": job.user,
+        "state": job.state.value,
+        "result": job.result.value if job.result else None,
+        "exit_status": job.exit_status,
+        "node": job.alloc[0].node if job.alloc else None,
+        "cpus": job.alloc[0].cpus if job.alloc else [],
+    }
