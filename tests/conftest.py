@@ -80,7 +80,7 @@ def server_state(tmp_path: Path, clock: Clock) -> Iterator[ServerState]:
     store.commit()
     state = ServerState(store, clock=clock)
     for node in state.nodes.nodes.values():
-        node.up = True
+        node.up, node.route = True, f"route-{node.name}".encode()
     yield state
     validate(state)
     store.close()

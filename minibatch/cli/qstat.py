@@ -109,6 +109,13 @@ def qstat_command(
     finished: Annotated[
         bool, typer.Option("-x", help="Include finished jobs.")
     ] = False,
+    tasks: Annotated[
+        bool,
+        typer.Option(
+            "-t",
+            help="List array tasks one per line (always done; for Torque scripts).",
+        ),
+    ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="A JSON list of jobs.")
     ] = False,

@@ -263,6 +263,17 @@ def _alloc_cpus(job: Job) -> int:
     return sum(len(a.cpus) for a in job.alloc)
 
 
+def slurm_exit_code(job: Job) -> str:
+    """sacct's ``code:signal``: a job killed by signal N shows ``0:N``.
+
+    Our ``exit_status`` follows Torque (256+N for a signalled top process); it is
+    translated here so the column means what Slurm users expect.
+    """
+    if job.signal:
+        return f"0:{job.signal}"
+    return f"{job.exit_status or 0}:0"
+
+
 _Getter = Callable[[Job, float], str]
 
 #: sacct field name -> (default width, value). Widths are sacct's defaults.
@@ -273,7 +284,7 @@ ACCT_FIELDS: dict[str, tuple[int, _Getter]] = {
     "User": (9, lambda j, now: j.user),
     "Group": (9, lambda j, now: j.group),
     "State": (10, lambda j, now: slurm_state(j)),
-    "ExitCode": (8, lambda j, now: f"{j.exit_status or 0}:{j.signal or 0}"),
+    "ExitCode": (8, lambda j, now: slurm_exit_code(j)),
     "Elapsed": (10, lambda j, now: slurm_duration(elapsed(j, now))),
     "TotalCPU": (10, lambda j, now: slurm_duration(j.cputime_s)),
     "CPUTime": (

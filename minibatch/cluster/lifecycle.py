@@ -316,15 +316,41 @@ def _stop(pids: dict[str, int], paths: Paths) -> list[str]:
                 procs[proc] = name
             stopped.append(name)
         # The daemons of one stage stop in parallel: all nodes end their jobs at once.
-        _, alive = psutil.wait_procs(list(procs), timeout=STOP_GRACE)
+        alive = _wait_gone(list(procs), STOP_GRACE)
         for proc in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(signal.SIGKILL)
-        psutil.wait_procs(alive, timeout=5)
+        _wait_gone(alive, 5)
         for name in (procs[p] for p in alive if procs[p].startswith("node-")):
             # A node killed before it could end its jobs leaves them running.
             kill_leftovers(name.removeprefix("node-"), str(paths.home))
     return stopped
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until each process has exited; return those still running.
+
+    A zombie has exited: it only waits for its parent (``init`` may reap late, or
+    the caller of :func:`up` is the parent), so it counts as gone, and is reaped
+    here when it is ours.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        procs = [p for p in procs if _running(p)]
+        if not procs or time.monotonic() >= deadline:
+            return procs
+        time.sleep(POLL / 2)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.NoSuchProcess:
+        return False
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(proc.pid, os.WNOHANG)
+    return False
 
 
 def _pidfile_names(paths: Paths) -> list[str]:

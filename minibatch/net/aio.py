@@ -26,13 +26,16 @@ Handler = Callable[[Message], Awaitable[None]]
 
 
 class AsyncClient:
-    """A DEALER connection for a daemon, with an identity the server can address."""
+    """A daemon's DEALER connection to the server.
 
-    def __init__(self, endpoint: str, identity: bytes, on_message: Handler) -> None:
+    No identity is set: the server learns the routing id libzmq assigns from the
+    daemon's authenticated hello, so a client cannot claim a daemon's messages.
+    """
+
+    def __init__(self, endpoint: str, on_message: Handler) -> None:
         self.endpoint = endpoint
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IDENTITY, identity)
         # Reconnect fast after a server restart; queue nothing for a dead peer.
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)

@@ -115,9 +115,7 @@ class NodeDaemon:
         killed = procfs.kill_leftovers(self.name, str(self.paths.home))
         if killed:
             log.warning("killed %d process(es) left by an earlier daemon", len(killed))
-        self._client = AsyncClient(
-            self.endpoint, b"node:" + self.name.encode(), self._on_message
-        )
+        self._client = AsyncClient(self.endpoint, self._on_message)
         self._client.start()
         self.tracker.start()
         log.info(

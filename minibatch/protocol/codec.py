@@ -37,17 +37,23 @@ def encode(body: Message, id: int = 0, re: int = 0) -> bytes:
 def decode(frame: bytes) -> Envelope:
     """Decode one frame; raise :class:`ProtocolError` naming what is wrong."""
     try:
-        return _decoder.decode(frame)
+        env = _decoder.decode(frame)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         try:
             v = _version.decode(frame).v
         except (msgspec.DecodeError, msgspec.ValidationError):
             v = PROTOCOL_VERSION
         if v != PROTOCOL_VERSION:
-            err = ProtocolError(
-                f"protocol version {v} is not supported (this daemon speaks "
-                f"{PROTOCOL_VERSION})"
-            )
-            err.code = ErrorCode.VERSION
-            raise err from exc
+            raise _version_error(v) from exc
         raise ProtocolError(f"malformed message: {exc}") from exc
+    if env.v != PROTOCOL_VERSION:
+        raise _version_error(env.v)
+    return env
+
+
+def _version_error(v: int) -> ProtocolError:
+    err = ProtocolError(
+        f"protocol version {v} is not supported (this daemon speaks {PROTOCOL_VERSION})"
+    )
+    err.code = ErrorCode.VERSION
+    return err

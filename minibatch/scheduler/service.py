@@ -5,9 +5,9 @@ carrying a fresh snapshot; the scheduler plans it and sends the plan back. The
 server keeps one snapshot out at a time, so changes made during a pass fold into
 the next one, and pushes at most one per ``coalesce_ms``: an isolated event is
 planned at once, a burst of 1,000 submissions costs a few passes (Flux coalesces
-the same way). Every ``interval`` seconds without a wake the scheduler says hello
-again, which makes the server push a snapshot: the safety net for anything
-missed, and re-registration after a server restart.
+the same way). The scheduler says hello every second while idle, so a restarted
+server learns of it at once, and runs a pass of its own every ``interval``
+seconds: the safety net for anything missed.
 
 The server validates every start against its current state, so a plan made from a
 snapshot that has since gone stale cannot over-allocate: stale starts are just
@@ -43,6 +43,8 @@ log = logging.getLogger("minibatch.scheduler")
 
 #: Seconds between attempts to reach the server while unregistered.
 RETRY = 0.1
+#: Seconds between hellos while idle (how fast a restarted server hears of us).
+HELLO_EVERY = 1.0
 
 
 class Scheduler:
@@ -53,7 +55,7 @@ class Scheduler:
         self.interval = interval
         self.wanted = asyncio.Event()
         self.pushed: ClusterSnapshot | None = None
-        self.client = AsyncClient(endpoint, b"scheduler", self._on_message)
+        self.client = AsyncClient(endpoint, self._on_message)
         self.passes = 0
 
     async def _on_message(self, msg: Message) -> None:
@@ -92,37 +94,39 @@ class Scheduler:
     async def run(self, stop: asyncio.Event) -> None:
         self.client.start()
         registered = False
+        last_pass = time.monotonic()
         while not stop.is_set():
+            try:
+                # Registering makes the server push a snapshot; repeating it
+                # every second is how a restarted server learns of us quickly.
+                await self.hello()
+            except Unavailable:
+                if registered:
+                    log.warning("lost the server; retrying")
+                registered = False
+                await asyncio.sleep(RETRY)
+                continue
             if not registered:
-                try:
-                    # Registering makes the server push a snapshot to plan.
-                    await self.hello()
-                except Unavailable:
-                    # Not yet connected, or the server is restarting: retry
-                    # soon, not after a whole periodic interval.
-                    await asyncio.sleep(RETRY)
-                    continue
                 registered = True
                 log.info("registered with the server (policy %s)", self.policy_label)
             await self._wait(stop)
             if stop.is_set():
                 break
-            if not self.wanted.is_set():
-                registered = False  # periodic: say hello again; the server may be new
+            if self.wanted.is_set():
+                snap, self.pushed = self.pushed, None
+                self.wanted.clear()
+            elif time.monotonic() - last_pass >= self.interval:
+                snap = None  # the periodic pass: fetch a snapshot ourselves
+            else:
                 continue
-            snap, self.pushed = self.pushed, None
-            self.wanted.clear()
+            last_pass = time.monotonic()
             try:
                 await self.one_pass(snap)
             except Unavailable as exc:
                 log.warning("%s", exc)
-                registered = False
             except Exception:
-                # A policy bug must not stop scheduling for good: log it, and
-                # re-register so the server sends a fresh snapshot.
+                # A policy bug must not stop scheduling: log it and go on.
                 log.exception("pass failed")
-                registered = False
-        await self.client.close()
 
     async def _wait(self, stop: asyncio.Event) -> None:
         waiters = [
@@ -130,7 +134,7 @@ class Scheduler:
             asyncio.create_task(stop.wait()),
         ]
         await asyncio.wait(
-            waiters, timeout=self.interval, return_when=asyncio.FIRST_COMPLETED
+            waiters, timeout=HELLO_EVERY, return_when=asyncio.FIRST_COMPLETED
         )
         for w in waiters:
             w.cancel()

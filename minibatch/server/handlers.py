@@ -230,6 +230,8 @@ def sched_hello(
     msg: SchedHello,
 ) -> Message:
     _need_daemon(ctx, caller)
+    if (state.scheduler, state.scheduler_pid) == (ident, msg.pid):
+        return Ok()  # the same scheduler checking in: nothing changes
     state.scheduler, state.scheduler_pid, state.policy_name = ident, msg.pid, msg.policy
     state.plan_pending_since = None
     state.wake = True
@@ -278,7 +280,7 @@ def node_hello(
     msg: NodeHello,
 ) -> Message:
     _need_daemon(ctx, caller)
-    liveness.hello(state, msg)
+    liveness.hello(state, msg, ident)
     return Ok()
 
 
@@ -290,7 +292,7 @@ def heartbeat(
     msg: Heartbeat,
 ) -> Message:
     _need_daemon(ctx, caller)
-    liveness.heartbeat(state, msg)
+    liveness.heartbeat(state, msg, ident)
     return Ok()
 
 

@@ -18,14 +18,14 @@ from minibatch.core.job import ACTIVE_STATES, JobResult
 from minibatch.errors import NotFound
 from minibatch.protocol.messages import Heartbeat, Kill, NodeHello
 from minibatch.server.nodes import Node
-from minibatch.server.state import LOST_AFTER_MISSES, ServerState, node_identity
+from minibatch.server.state import LOST_AFTER_MISSES, ServerState
 
 
 def _jobs_on(state: ServerState, node: Node) -> set[int]:
     return set(node.used.values())
 
 
-def hello(state: ServerState, msg: NodeHello) -> None:
+def hello(state: ServerState, msg: NodeHello, route: bytes) -> None:
     now = state.clock()
     node = state.nodes.nodes.get(msg.name)
     restarted = node is not None and node.pid is not None and node.pid != msg.pid
@@ -38,6 +38,7 @@ def hello(state: ServerState, msg: NodeHello) -> None:
         msg.shared_cpus,
     )
     node.pid, node.up, node.last_heartbeat = msg.pid, True, now
+    node.route = route
     node.misses = {}
     state.store.put_node(node)
     reported = set(msg.running)
@@ -48,19 +49,18 @@ def hello(state: ServerState, msg: NodeHello) -> None:
                 job, JobResult.NODE_FAIL, comment=f"node {node.name} restarted"
             )
     for jid in sorted(reported - _jobs_on(state, node)):
-        state.outbox.append(
-            (node_identity(node.name), Kill(job=jid, result=JobResult.CANCELLED))
-        )
+        state.outbox.append((node.route, Kill(job=jid, result=JobResult.CANCELLED)))
     state.publish_node(node)
     state.changed()
 
 
-def heartbeat(state: ServerState, msg: Heartbeat) -> None:
+def heartbeat(state: ServerState, msg: Heartbeat, route: bytes) -> None:
     node = state.nodes.nodes.get(msg.name)
     if node is None or not node.up:
         # Unknown, or declared down meanwhile: the node must say hello again.
         raise NotFound(f"node {msg.name} is not registered")
     node.last_heartbeat = state.clock()
+    node.route = route  # the daemon reconnected: a new connection, a new id
     reported = set(msg.running)
     for jid in sorted(_jobs_on(state, node)):
         job = state.jobs.get(jid)
@@ -73,9 +73,7 @@ def heartbeat(state: ServerState, msg: Heartbeat) -> None:
                 job, JobResult.NODE_FAIL, comment=f"node {node.name} lost the job"
             )
     for jid in sorted(reported - _jobs_on(state, node)):
-        state.outbox.append(
-            (node_identity(node.name), Kill(job=jid, result=JobResult.CANCELLED))
-        )
+        state.outbox.append((node.route, Kill(job=jid, result=JobResult.CANCELLED)))
 
 
 def set_offline(state: ServerState, node: Node, offline: bool, comment: str) -> None:

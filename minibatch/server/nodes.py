@@ -42,6 +42,10 @@ class Node(msgspec.Struct, kw_only=True):
     mem_used: dict[int, int] = {}
     #: job id -> consecutive heartbeats that did not list it (lost-job detection).
     misses: dict[int, int] = {}
+    #: The ZeroMQ routing id of the daemon's connection, learnt from its last
+    #: authenticated hello or heartbeat. Ids are never chosen by clients, so no
+    #: one can claim a node's connection by naming it.
+    route: bytes = b""
 
     @property
     def state(self) -> NodeState:

@@ -124,9 +124,10 @@ class Server:
 
     def _send(self, identity: bytes, data: bytes) -> None:
         # A peer that vanished is not an error here: nodes re-register, the
-        # scheduler polls, and clients time out cleanly.
+        # scheduler says hello again, and clients time out cleanly.
         assert self.driver is not None
-        self.driver.send([identity, data])
+        if identity:
+            self.driver.send([identity, data])
 
     def on_batch(self, batch: list[Frames]) -> None:
         """Handle every waiting request, commit once, then reply."""
@@ -140,7 +141,6 @@ class Server:
     async def serve(self, stop: asyncio.Event) -> None:
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.bind(self.endpoint)
         if self.endpoint.startswith("ipc://"):
             # Any local user may submit; identity comes from peer credentials.
@@ -159,6 +159,10 @@ class Server:
                 await task
         self.state.store.commit()
         self.driver.close()
+        if self.endpoint.startswith("ipc://"):
+            # No socket file tells the commands at once that no server is up.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.endpoint[len("ipc://") :])
         self.state.store.close()
         log.info("stopped")
 

@@ -40,10 +40,6 @@ from minibatch.server.submit import Caller, build_jobs, check_spec
 LOST_AFTER_MISSES = 3
 
 
-def node_identity(name: str) -> bytes:
-    return b"node:" + name.encode()
-
-
 class ServerState:
     def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
         self.store = store
@@ -72,6 +68,7 @@ class ServerState:
             # Runtime fields start afresh: allocations are rebuilt from the jobs,
             # and the node counts as down until its daemon says hello again.
             node.up, node.used, node.mem_used, node.misses = False, {}, {}, {}
+            node.route = b""
             node.last_heartbeat = now
         self.nodes = NodeRegistry(nodes)
         for job in store.load_jobs():
@@ -125,6 +122,11 @@ class ServerState:
         elif to in ACTIVE_STATES:
             self.active.add(job.id)
         return event
+
+    def route(self, node: str) -> bytes:
+        """Where messages for ``node`` go; empty while its daemon is unknown."""
+        known = self.nodes.nodes.get(node)
+        return known.route if known is not None else b""
 
     def changed(self) -> None:
         self.generation += 1
@@ -259,14 +261,14 @@ class ServerState:
             self.record(job, "exiting", comment)
             self.outbox.append(
                 (
-                    node_identity(job.alloc[0].node),
+                    self.route(job.alloc[0].node),
                     Kill(job=job.id, result=JobResult.CANCELLED),
                 )
             )
         elif job.state is JobState.EXITING:
             self.outbox.append(
                 (
-                    node_identity(job.alloc[0].node),
+                    self.route(job.alloc[0].node),
                     Kill(job=job.id, result=JobResult.CANCELLED),
                 )
             )
@@ -356,9 +358,7 @@ class ServerState:
         job.predicted_start = None
         self.store.put_job(job)
         self.record(job, "started", " ".join(f"{a.node}/{a.cpus}" for a in allocs))
-        self.outbox.append(
-            (node_identity(allocs[0].node), Launch(spec=launch_spec(job)))
-        )
+        self.outbox.append((self.route(allocs[0].node), Launch(spec=launch_spec(job))))
         self.generation += 1
         return None
 

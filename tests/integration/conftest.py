@@ -282,8 +282,8 @@ class Cluster:
         for pid in self.seen_pids:
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
-                env = environ_of(proc)
-                if env is None or env.get("MB_HOME") == str(self.home):
+                env = environ_of(proc)  # None for a zombie: nothing to kill
+                if env is not None and env.get("MB_HOME") == str(self.home):
                     victims[pid] = proc
         for proc in procs_with(self.home):
             victims[proc.pid] = proc

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import EXAMPLES, ClusterFactory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -110,7 +110,7 @@ def test_cancel_running_job_sends_kill(server_state: ServerState):
     server_state.cancel(job)
     assert job.state is JobState.EXITING
     assert (
-        b"node:n1",
+        b"route-n1",
         Kill(job=job.id, result=JobResult.CANCELLED),
     ) in server_state.outbox
 
@@ -137,7 +137,7 @@ def test_silent_node_fails_its_jobs(server_state: ServerState, clock):
     assert job.result is JobResult.NODE_FAIL
     assert server_state.nodes.nodes["n0"].state == "down"
     with pytest.raises(NotFound):
-        liveness.heartbeat(server_state, Heartbeat(name="n0", running=[]))
+        liveness.heartbeat(server_state, Heartbeat(name="n0", running=[]), b"r0")
 
 
 def test_restarted_node_daemon_loses_its_jobs(server_state: ServerState):
@@ -148,10 +148,12 @@ def test_restarted_node_daemon_loses_its_jobs(server_state: ServerState):
     liveness.hello(
         server_state,
         NodeHello(name="n0", cpus=[0, 1], mem_kb=None, pid=100, running=[kept.id]),
+        b"r0",
     )
     liveness.hello(
         server_state,
         NodeHello(name="n1", cpus=[2, 3], mem_kb=None, pid=999, running=[]),
+        b"r1",
     )
     assert kept.state is JobState.RUNNING
     assert lost.result is JobResult.NODE_FAIL and "restarted" in lost.comment
@@ -161,7 +163,7 @@ def test_heartbeats_that_omit_a_job_mark_it_lost(server_state: ServerState):
     (job,) = server_state.submit(spec(), ME)
     server_state.start(job.id, ("n0",))
     for _ in range(3):
-        liveness.heartbeat(server_state, Heartbeat(name="n0", running=[]))
+        liveness.heartbeat(server_state, Heartbeat(name="n0", running=[]), b"r0")
     assert job.result is JobResult.NODE_FAIL
 
 

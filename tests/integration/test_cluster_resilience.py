@@ -1,0 +1,317 @@
+"""What survives: a server killed with SIGKILL, garbage on the server's socket, and
+a node daemon killed with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import msgspec
+import psutil
+import pytest
+import zmq
+from conftest import Cluster, ClusterFactory
+
+from minibatch.core.job import JobResult
+from minibatch.errors import ErrorCode
+from minibatch.protocol import decode, encode
+from minibatch.protocol.messages import (
+    Error,
+    JobEnded,
+    Kill,
+    Launch,
+    LaunchSpec,
+    Ok,
+    ServerStatus,
+    Status,
+    Wake,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def kill9(pid: int) -> None:
+    proc = psutil.Process(pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(5)  # reaps it when it is our child, as lifecycle's daemons are
+
+
+# ----------------------------------------------------------- server crash
+
+
+def test_server_sigkill_loses_no_acknowledged_job(cluster: ClusterFactory) -> None:
+    # One CPU: everything queues behind the long job. A short periodic pass lets
+    # the scheduler re-register quickly with the restarted server.
+    c = cluster(nodes=1, scheduler={"interval": 1.0})
+    long_job = c.qsub(
+        "-N", "long", "--", "sh", "-c", "timeout 4 sh -c 'while :; do :; done'; true"
+    )
+    c.wait_state(long_job, "running")
+    queued = [c.qsub("--", "true") for _ in range(3)]
+    held = [c.qsub("-h", "--", "true") for _ in range(2)]
+    waiting = c.qsub("-W", f"depend=afterok:{queued[0]}", "--", "true")
+    before = {j["id"]: j for j in c.jobs()}
+    assert {before[j]["state"] for j in queued} == {"queued"}
+    assert {before[j]["state"] for j in held} == {"held"}
+    assert before[waiting]["state"] == "waiting"
+    job_pids = {p.pid for p in c.job_procs(long_job)}
+    assert job_pids
+
+    server = c.pids()["server"]
+    kill9(server)
+    assert "server" not in c.pids()
+    # The job runs on while the server is gone.
+    time.sleep(0.5)
+    assert {p.pid for p in c.job_procs(long_job)} >= job_pids
+
+    report = c.up()
+    assert report.started == ["server"], report
+    assert c.pids()["server"] != server
+    after = {j["id"]: j for j in c.jobs()}
+    assert after.keys() == before.keys()
+    for jid, record in before.items():
+        keep = ("state", "name", "cpus", "start_time", "submit_time", "depends")
+        assert {k: after[jid][k] for k in keep} == {k: record[k] for k in keep}, jid
+
+    done = c.wait_state(long_job, "finished", timeout=20)
+    assert done["result"] == "completed" and done["exit_status"] == 0
+    assert done["start_time"] == before[long_job]["start_time"]
+    elapsed = done["end_time"] - done["start_time"]
+    assert 4.0 <= elapsed < 6.0, elapsed
+    assert done["cputime_s"] == pytest.approx(4.0, rel=0.2)
+    for jid in [*queued, waiting]:
+        assert c.wait_state(jid, "finished", timeout=15)["result"] == "completed"
+    assert c.job(waiting)["start_time"] >= c.job(queued[0])["end_time"]
+    assert {c.job(j)["state"] for j in held} == {"held"}
+
+    fresh = c.qsub("--", "true")
+    assert int(fresh) > max(int(j) for j in before)
+    assert c.wait_state(fresh, "finished")["result"] == "completed"
+
+
+# --------------------------------------------------------- socket garbage
+
+
+class RawPeer:
+    """A bare DEALER on the server's socket, for sending anything at all."""
+
+    def __init__(self, c: Cluster, identity: bytes | None = None) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVTIMEO, 5000)
+        if identity is not None:
+            self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.connect(c.endpoint)
+
+    def ask(self, *frames: bytes) -> Any:
+        self.sock.send_multipart(list(frames))
+        reply = self.sock.recv_multipart()
+        assert len(reply) == 1, reply
+        return decode(reply[0])
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def garbage() -> list[tuple[str, list[bytes], set[ErrorCode]]]:
+    """(what, frames, acceptable error codes)."""
+    bad = {ErrorCode.INVALID_MESSAGE}
+    return [
+        ("invalid msgpack", [b"\xc1 not msgpack at all"], bad),
+        ("random bytes", [os.urandom(256)], bad | {ErrorCode.VERSION}),
+        ("empty frame", [b""], bad),
+        ("two frames", [encode(Status(), 7), b"extra"], bad),
+        ("three empty frames", [b"", b"", b""], bad),
+        ("wrong shape", [msgspec.msgpack.encode({"hello": "world"})], bad),
+        ("short envelope", [msgspec.msgpack.encode([1, 2])], bad),
+        ("unknown tag", [msgspec.msgpack.encode([1, 3, 0, {"type": "nope"}])], bad),
+        (
+            "missing fields",
+            [msgspec.msgpack.encode([1, 4, 0, {"type": "job_ended"}])],
+            bad,
+        ),
+        (
+            "version 99, undecodable body",
+            [msgspec.msgpack.encode([99, 5, 0, {"type": "no such type"}])],
+            {ErrorCode.VERSION},
+        ),
+        ("a reply", [encode(Ok(), 8)], {ErrorCode.UNKNOWN_TYPE}),
+        (
+            "a server-to-node Kill",
+            [encode(Kill(job=1, result=JobResult.CANCELLED), 9)],
+            {ErrorCode.UNKNOWN_TYPE},
+        ),
+        (
+            "a server-to-scheduler Wake",
+            [encode(Wake(generation=1), 10)],
+            {ErrorCode.UNKNOWN_TYPE},
+        ),
+    ]
+
+
+def check_alive(c: Cluster) -> None:
+    """qstat answers and two jobs (one per node) still run to completion."""
+    c.run("qstat", "-a")
+    jobs = [c.qsub("--", "sleep", "0.5") for _ in c.layout]
+    for jid in jobs:
+        assert c.wait_state(jid, "finished", timeout=15)["result"] == "completed"
+    assert {c.job(j)["node"] for j in jobs} == {n.name for n in c.layout}
+
+
+def test_garbage_on_the_socket_gets_error_replies(cluster: ClusterFactory) -> None:
+    c = cluster()
+    peer = RawPeer(c)
+    try:
+        for what, frames, codes in garbage():
+            env = peer.ask(*frames)
+            assert isinstance(env.body, Error), (what, env)
+            assert env.body.code in codes, (what, env.body)
+            assert env.body.message, what
+        # The same connection still gets proper answers.
+        env = peer.ask(encode(Status(), 42))
+        assert env.re == 42 and isinstance(env.body, ServerStatus)
+        # Launch is for nodes; the server refuses to take it as a request.
+        spec = LaunchSpec(
+            job=1,
+            display_id="1",
+            name="x",
+            user="root",
+            uid=0,
+            gid=0,
+            workdir="/",
+            script=None,
+            argv=["true"],
+            env={},
+            stdout_path="/dev/null",
+            stderr_path="/dev/null",
+            join=False,
+            cpus=[0],
+            hosts=["node0"],
+            walltime=10,
+            mem_kb=None,
+        )
+        env = peer.ask(encode(Launch(spec=spec), 43))
+        assert isinstance(env.body, Error) and env.body.code == ErrorCode.UNKNOWN_TYPE
+    finally:
+        peer.close()
+    check_alive(c)
+    log = c.log("server")
+    assert "Traceback" not in log, log
+
+
+def test_envelope_of_an_unknown_version_is_refused(cluster: ClusterFactory) -> None:
+    """A well-formed envelope with version 99 must get a VERSION error, not be
+    served as if it were version 1 (its fields may mean something else)."""
+    c = cluster(nodes=1)
+    peer = RawPeer(c)
+    try:
+        for version in (99, 0, 2):
+            frame = msgspec.msgpack.encode([version, 5, 0, {"type": "status"}])
+            env = peer.ask(frame)
+            assert isinstance(env.body, Error), (version, env.body)
+            assert env.body.code == ErrorCode.VERSION, (version, env.body)
+            assert str(version) in env.body.message
+    finally:
+        peer.close()
+
+
+def test_node_report_for_an_unknown_job_changes_nothing(
+    cluster: ClusterFactory,
+) -> None:
+    """A JobEnded from the cluster's owner (trusted as a daemon) about a job the
+    server does not run is a no-op; from anyone else it would be refused."""
+    c = cluster()
+    before = c.run("qstat", "-x", "--json").stdout
+    peer = RawPeer(c)
+    try:
+        ended = JobEnded(
+            job=12345,
+            result=JobResult.COMPLETED,
+            exit_status=0,
+            signal=None,
+            end_time=time.time(),
+            cputime_s=0.0,
+            maxrss_kb=0,
+        )
+        env = peer.ask(encode(ended, 1))
+        assert isinstance(env.body, Ok | Error), env
+    finally:
+        peer.close()
+    assert c.run("qstat", "-x", "--json").stdout == before
+    check_alive(c)
+
+
+def test_garbage_under_a_node_identity_does_not_break_the_node(
+    cluster: ClusterFactory,
+) -> None:
+    """Any local user may connect (the socket is 0777) and pick any ZMQ identity.
+    One that once calls itself ``node:node0`` must not cut the real node0 off."""
+    timeout = 3.0
+    c = cluster(server={"node_timeout": timeout})
+    peer = RawPeer(c, identity=b"node:node0")
+    try:
+        for what, frames, codes in garbage()[:6]:
+            env = peer.ask(*frames)
+            assert isinstance(env.body, Error) and env.body.code in codes, what
+    finally:
+        peer.close()
+    time.sleep(timeout + 1.5)  # node0 keeps sending heartbeats meanwhile
+    states = {name: n.state for name, n in c.nodes().items()}
+    assert states == {"node0": "free", "node1": "free"}, states
+    check_alive(c)
+
+
+def test_an_impostor_does_not_receive_a_nodes_launch(cluster: ClusterFactory) -> None:
+    """A client connected under a node's identity must not be handed the jobs
+    (scripts, environments) the server launches on that node."""
+    c = cluster(nodes=1)
+    peer = RawPeer(c, identity=b"node:node0")
+    peer.sock.setsockopt(zmq.RCVTIMEO, 3000)
+    try:
+        jid = c.qsub("-v", "SECRET=hunter2", "--", "true")
+        try:
+            frames = peer.sock.recv_multipart()
+        except zmq.Again:
+            frames = []
+        got = [decode(f).body for f in frames]
+        assert not any(isinstance(b, Launch) for b in got), got
+    finally:
+        peer.close()
+    assert c.wait_state(jid, "finished", timeout=15)["result"] == "completed"
+
+
+# ------------------------------------------------------------ node crash
+
+
+def test_node_sigkill_fails_its_job_and_restart_cleans_up(
+    cluster: ClusterFactory,
+) -> None:
+    timeout = 3.0
+    c = cluster(server={"node_timeout": timeout})
+    script = c.work / "victim.sh"
+    script.write_text("#!/bin/sh\nsleep 120 &\nsetsid sleep 121 &\nwait\n")
+    jid = c.qsub("-l", "walltime=300", str(script))
+    record = c.wait_state(jid, "running")
+    node = record["node"]
+    procs = c.wait_for(lambda: (p := c.job_procs(jid)) and len(p) >= 3 and p)
+
+    kill9(c.pids()[f"node-{node}"])
+    killed = time.monotonic()
+    record = c.wait_state(jid, "finished", timeout=timeout + 5)
+    assert record["result"] == "node_fail", record
+    assert time.monotonic() - killed <= timeout + 3
+    assert c.nodes()[node].state == "down"
+    pbsnodes = c.run("pbsnodes", "-l").stdout
+    assert node in pbsnodes and "down" in pbsnodes
+    # Nothing on that node could kill them: they still run.
+    assert [p for p in procs if p.is_running()]
+
+    report = c.up()
+    assert report.started == [f"node-{node}"], report
+    gone, alive = psutil.wait_procs(procs, timeout=5)
+    assert alive == [], f"left over after the node restarted: {alive}"
+    assert c.job_procs(jid) == []
+    assert c.nodes()[node].state == "free"
+    check_alive(c)
