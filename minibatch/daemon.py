@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import fcntl
 import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO
+
+from minibatch.config import Paths
+from minibatch.errors import MinibatchError
 
 
 def setup_logging(name: str, verbose: bool = False) -> logging.Logger:
@@ -45,3 +50,36 @@ def stop_on_signals(stop: asyncio.Event) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, lambda: None)
+
+
+def run_daemon(
+    name: str,
+    serve: Callable[[Paths, asyncio.Event], Awaitable[None]],
+    argv: list[str] | None,
+    description: str,
+) -> None:
+    """The whole life of a daemon without options of its own.
+
+    Parses ``-v``, sets up logging, takes the daemon's lock in ``$MB_HOME/run``,
+    and runs ``serve(paths, stop)`` until SIGTERM or SIGINT sets ``stop``. A
+    :class:`MinibatchError` (a bad config, say) ends it with one line.
+    """
+    parser = argparse.ArgumentParser(prog=name, description=description)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    setup_logging(name, args.verbose)
+    paths = Paths.from_env()
+    paths.make()
+    lock = single_instance(paths.run / f"{name.removeprefix('mb-')}.lock", name)
+
+    async def life() -> None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        await serve(paths, stop)
+
+    try:
+        asyncio.run(life())
+    except MinibatchError as exc:
+        raise SystemExit(f"{name}: {exc}") from None
+    finally:
+        lock.close()

@@ -16,7 +16,6 @@ rejected. The scheduler keeps no state between passes.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -24,8 +23,8 @@ import time
 
 from minibatch import config as configuration
 from minibatch.core.snapshot import ClusterSnapshot
-from minibatch.daemon import setup_logging, single_instance, stop_on_signals
-from minibatch.errors import MinibatchError, Unavailable
+from minibatch.daemon import run_daemon
+from minibatch.errors import Unavailable
 from minibatch.net.aio import AsyncClient
 from minibatch.policy import registry
 from minibatch.policy.base import Policy
@@ -140,31 +139,15 @@ class Scheduler:
             w.cancel()
 
 
-async def _main(paths: configuration.Paths) -> None:
+async def _serve(paths: configuration.Paths, stop: asyncio.Event) -> None:
     config = configuration.load(paths)
     sched = config.scheduler
     policy = registry.load(sched.policy, sched.params)
     scheduler = Scheduler(
         config.server_endpoint(paths), policy, sched.policy, sched.interval
     )
-    stop = asyncio.Event()
-    stop_on_signals(stop)
     await scheduler.run(stop)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="mb-scheduler", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    setup_logging("mb-scheduler", args.verbose)
-    paths = configuration.Paths.from_env()
-    paths.make()
-    _lock = single_instance(paths.run / "scheduler.lock", "mb-scheduler")
-    try:
-        asyncio.run(_main(paths))
-    except MinibatchError as exc:
-        raise SystemExit(f"mb-scheduler: {exc}") from None
-    finally:
-        _lock.close()
+    run_daemon("mb-scheduler", _serve, argv, __doc__.splitlines()[0])

@@ -13,18 +13,16 @@ with their traceback and answered with ``INTERNAL``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import os
 import time
-from pathlib import Path
 
 import zmq
 
 from minibatch import config as configuration
-from minibatch.daemon import setup_logging, single_instance, stop_on_signals
+from minibatch.daemon import run_daemon
 from minibatch.errors import ErrorCode, MinibatchError, ProtocolError
 from minibatch.events.publisher import EventPublisher
 from minibatch.net.driver import Frames, SocketDriver
@@ -175,27 +173,9 @@ class Server:
             self.flush()
 
 
-async def _main(paths: configuration.Paths) -> None:
-    config = configuration.load(paths)
-    server = Server(paths, config)
-    stop = asyncio.Event()
-    stop_on_signals(stop)
-    await server.serve(stop)
+async def _serve(paths: configuration.Paths, stop: asyncio.Event) -> None:
+    await Server(paths, configuration.load(paths)).serve(stop)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="mb-server", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    setup_logging("mb-server", args.verbose)
-    paths = configuration.Paths.from_env()
-    paths.make()
-    _lock = single_instance(Path(paths.run / "server.lock"), "mb-server")
-    try:
-        asyncio.run(_main(paths))
-    except MinibatchError as exc:
-        raise SystemExit(f"mb-server: {exc}") from None
-    finally:
-        _lock.close()
+    run_daemon("mb-server", _serve, argv, __doc__.splitlines()[0])
