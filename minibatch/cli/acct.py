@@ -95,6 +95,10 @@ def acct_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="A JSON list of jobs.")
     ] = False,
+    as_swf: Annotated[
+        bool,
+        typer.Option("--swf", help="The jobs as a Standard Workload Format trace."),
+    ] = False,
 ) -> None:
     """Show accounting data for finished jobs (like sacct)."""
     with common.reporting("mb acct"):
@@ -116,7 +120,15 @@ def acct_command(
             since=None if since is None else parse_since(since, now),
         )
         found = sorted(common.call(query).jobs, key=lambda j: j.id)
-    if as_json:
+    if as_swf:
+        from minibatch.protocol.messages import NodeList, QueryNodes
+        from minibatch.sim.swf import export_swf
+
+        with common.reporting("mb acct"):
+            nodes: NodeList = common.call(QueryNodes())
+        layout = [(n.name, len(n.cpus)) for n in nodes.nodes]
+        sys.stdout.write(export_swf(found, nodes=layout))
+    elif as_json:
         sys.stdout.write(
             json.dumps([render.job_record(j) for j in found], indent=2) + "\n"
         )

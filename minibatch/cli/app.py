@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from minibatch.cli import acct, common, jobctl, pbsnodes, qstat, qsub
+from minibatch.cli import acct, common, jobctl, pbsnodes, qstat, qsub, sim
 
 app = typer.Typer(
     name="mb",
@@ -33,6 +33,11 @@ app.command("pbsnodes", context_settings=pbsnodes.CONTEXT_SETTINGS)(
     pbsnodes.pbsnodes_command
 )
 app.command("acct", context_settings=acct.CONTEXT_SETTINGS)(acct.acct_command)
+app.command("sim")(sim.sim_command)
+app.command("report")(sim.report_command)
+app.command("compare")(sim.compare_command)
+app.command("experiment")(sim.experiment_command)
+bench_app.command("sim")(sim.bench_sim)
 
 
 @app.command()

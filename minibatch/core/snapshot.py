@@ -7,6 +7,8 @@ Policies see requested walltimes only, never real run times.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 from minibatch.core.job import JobRequest
@@ -49,11 +51,18 @@ class PendingView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
 
 
 class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """What a policy plans from.
+
+    ``running`` and ``pending`` are read-only sequences: the server builds tuples
+    (they arrive as lists after the wire), the simulator passes views of its own
+    queue so that a pass never copies it. A policy only reads them, during the call.
+    """
+
     now: float
     generation: int
     nodes: tuple[NodeView, ...]
-    running: tuple[RunningView, ...]
-    pending: tuple[PendingView, ...]
+    running: Sequence[RunningView]
+    pending: Sequence[PendingView]
 
 
 class Start(msgspec.Struct, frozen=True):

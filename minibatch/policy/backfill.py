@@ -17,10 +17,18 @@ Seed 004 (Bode et al.) describes the same mechanism as Maui's default backfill.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from operator import itemgetter
 from typing import ClassVar
 
 from minibatch.core.job import JobRequest
-from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan, Start
+from minibatch.core.snapshot import (
+    ClusterSnapshot,
+    PendingView,
+    Plan,
+    RunningView,
+    Start,
+)
 from minibatch.policy.base import (
     Pool,
     mem_per_node,
@@ -38,54 +46,91 @@ class Easy:
     def plan(self, snap: ClusterSnapshot) -> Plan:
         now = snap.now
         pool = Pool(snap)
-        releases: list[_Release] = [
-            (r.expected_end(now), r.nodes, r.mem_kb_per_node or 0) for r in snap.running
-        ]
+        # Jobs started in this pass before the head hold resources until then.
+        started: list[_Release] = []
         starts: list[Start] = []
         reasons: dict[int, str] = {}
         predicted: dict[int, float] = {}
+        queue = iter(snap.pending)
+        # Start jobs in queue order while they fit; the first that does not is the
+        # head. A job wider than the widest free node cannot fit: no fit test.
+        widest = _widest(pool)
         head: PendingView | None = None
-        shadow: float | None = None
-        extra: Pool | None = None
-        default = ""
-        for job in snap.pending:
+        for job in queue:
             req = job.request
-            if head is None:
-                nodes = pool.fit(req)
-                if nodes is not None:
-                    pool.take(nodes, req)
-                    starts.append(Start(job.id, nodes))
-                    releases.append(_release(now + req.walltime, nodes, req))
-                    continue
+            nodes = pool.fit(req) if req.ppn <= widest else None
+            if nodes is None:
                 head = job
-                shadow, extra = _shadow(pool, releases, job)
-                base = waiting_reason(req, pool)
-                if shadow is None:
-                    reasons[job.id] = f"{base}; no usable node has room for it now"
-                else:
-                    reasons[job.id] = reserved_reason(base, shadow, now)
-                    predicted[job.id] = shadow
-                continue
-            if pool.free_cpus() == 0:
+                break
+            pool.take(nodes, req)
+            starts.append(Start(job.id, nodes))
+            started.append(_release(now + req.walltime, nodes, req))
+            widest = _widest(pool)
+        if head is None:
+            return Plan(generation=snap.generation, starts=starts)
+        shadow, extra = _shadow(pool, snap.running, started, now, head)
+        base = waiting_reason(head.request, pool)
+        if shadow is None:
+            reasons[head.id] = f"{base}; no usable node has room for it now"
+        else:
+            reasons[head.id] = reserved_reason(base, shadow, now)
+            predicted[head.id] = shadow
+        # Backfill. ``free_total``, ``widest`` and the reasons of jobs that do not
+        # fit (one text per job shape) change only when a job is taken, so they are
+        # refreshed then and the rest of the queue is passed over cheaply.
+        free_total = pool.free_cpus()
+        said: dict[tuple[int, int], str] = {}
+        failed: set[tuple[int, int, int | None]] = set()
+        # Free now *and* left over at the shadow time; rebuilt after every take.
+        both: Pool | None = None
+        both_widest = 0
+        both_failed: set[tuple[int, int, int | None]] = set()
+        delays = f"would delay job {head.id}'s reservation (walltime too long)"
+        default = ""
+        for job in queue:
+            if free_total == 0:
                 default = f"queued behind job {head.id} (no free CPUs)"
                 break  # nothing more can start: the rest share one reason
-            nodes = pool.fit(req)
+            req = job.request
+            if req.ppn > widest:
+                nodes = None
+            else:
+                # fit() depends only on the pool and the job's shape: a shape
+                # that did not fit will not fit again until something is taken.
+                shape = (req.nodes, req.ppn, req.mem_kb)
+                nodes = None if shape in failed else pool.fit(req)
+                if nodes is None:
+                    failed.add(shape)
             if nodes is None:
-                reasons[job.id] = waiting_reason(req, pool)
+                key = (req.nodes, req.ppn)
+                reason = said.get(key)
+                if reason is None:
+                    reason = said[key] = waiting_reason(req, pool)
+                reasons[job.id] = reason
                 continue
             if shadow is None or extra is None or now + req.walltime <= shadow:
+                pool.take(nodes, req)  # ends before the head starts: no conflict
+            else:
+                if both is None:
+                    both = _both(pool, extra)
+                    both_widest = _widest(both)
+                    both_failed.clear()
+                shape = (req.nodes, req.ppn, req.mem_kb)
+                if req.ppn > both_widest or shape in both_failed:
+                    nodes = None
+                else:
+                    nodes = both.fit(req)
+                if nodes is None:
+                    both_failed.add(shape)
+                    reasons[job.id] = delays
+                    continue
                 pool.take(nodes, req)
-                starts.append(Start(job.id, nodes))
-                continue
-            nodes = _fit_both(pool, extra, job)
-            if nodes is None:
-                reasons[job.id] = (
-                    f"would delay job {head.id}'s reservation (walltime too long)"
-                )
-                continue
-            pool.take(nodes, req)
-            extra.take(nodes, req)
+                extra.take(nodes, req)
             starts.append(Start(job.id, nodes))
+            free_total, widest = pool.free_cpus(), _widest(pool)
+            said.clear()
+            failed.clear()
+            both = None
         return Plan(
             generation=snap.generation,
             starts=starts,
@@ -95,28 +140,59 @@ class Easy:
         )
 
 
+def _widest(pool: Pool) -> int:
+    return max(pool.cpus.values(), default=0)
+
+
 def _release(end: float, nodes: tuple[str, ...], req: JobRequest) -> _Release:
     return (end, tuple((n, req.ppn) for n in nodes), mem_per_node(req) or 0)
 
 
 def _shadow(
-    pool: Pool, releases: list[_Release], head: PendingView
+    pool: Pool,
+    running: Iterable[RunningView],
+    started: list[_Release],
+    now: float,
+    head: PendingView,
 ) -> tuple[float | None, Pool | None]:
     """The head's shadow time and the resources left over at it, per node.
 
-    Releases with the same end time are applied together before testing, so the
-    leftover (``extra``) counts everything free at that instant.
+    Running jobs release at ``RunningView.expected_end(now)`` (an overrunning job
+    ends now), jobs ``started`` in this pass at their own ends. Releases with the
+    same end time are applied together before testing, so the leftover (``extra``)
+    counts everything free at that instant.
     """
+    releases: list[_Release] = [
+        (
+            end if (end := r.start_time + r.walltime) > now else now,
+            r.nodes,
+            r.mem_kb_per_node or 0,
+        )
+        for r in running
+    ]
+    releases.extend(started)
+    releases.sort(key=itemgetter(0))
     future = pool.copy()
-    ordered = sorted(releases, key=lambda r: r[0])
-    i = 0
-    while i < len(ordered):
-        when = ordered[i][0]
-        while i < len(ordered) and ordered[i][0] == when:
-            _, held, mem = ordered[i]
-            for name, cpus in held:
-                future.give((name,), cpus, mem)
+    cpus, mem = future.cpus, future.mem
+    need = head.request.cpus
+    total = sum(cpus.values())
+    i, count = 0, len(releases)
+    while i < count:
+        when = releases[i][0]
+        while i < count and releases[i][0] == when:
+            _, held, held_mem = releases[i]
+            for name, n in held:
+                if name not in cpus:
+                    continue  # the node went down or offline: nothing comes back
+                cpus[name] += n
+                total += n
+                free_mem = mem[name]
+                if free_mem is not None:
+                    mem[name] = free_mem + held_mem
             i += 1
+        # Fewer free CPUs in all than the head needs: no placement can exist yet.
+        if total < need:
+            continue
         nodes = future.fit(head.request)
         if nodes is not None:
             future.take(nodes, head.request)
@@ -124,12 +200,16 @@ def _shadow(
     return None, None
 
 
-def _fit_both(pool: Pool, extra: Pool, job: PendingView) -> tuple[str, ...] | None:
-    """Nodes where the job fits now *and* within the head's leftover resources."""
+def _both(pool: Pool, extra: Pool) -> Pool:
+    """Per node, the lesser of what is free now and what the head leaves over.
+
+    A long job may start there: it fits now and does not touch what the head
+    needs at its shadow time.
+    """
     both = pool.copy()
     for name in both.order:
         both.cpus[name] = min(both.cpus[name], extra.cpus[name])
         mem, extra_mem = both.mem[name], extra.mem[name]
         if mem is not None and extra_mem is not None:
             both.mem[name] = min(mem, extra_mem)
-    return both.fit(job.request)
+    return both

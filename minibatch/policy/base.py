@@ -8,6 +8,7 @@ validates each one against current state and may drop one that no longer fits.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import ClassVar, Protocol
 
 from minibatch.core.job import JobRequest
@@ -32,32 +33,34 @@ class Pool:
     __slots__ = ("order", "cpus", "mem")
 
     def __init__(self, snap: ClusterSnapshot) -> None:
-        self.order = [n.name for n in snap.nodes]
-        self.cpus = {n.name: n.free_cpus for n in snap.nodes}
-        self.mem = {n.name: n.free_mem_kb for n in snap.nodes}
+        self.order: list[str] = []
+        self.cpus: dict[str, int] = {}
+        self.mem: dict[str, int | None] = {}
+        for n in snap.nodes:
+            self.order.append(n.name)
+            self.cpus[n.name] = n.free_cpus
+            self.mem[n.name] = n.free_mem_kb
 
     def copy(self) -> Pool:
         other = Pool.__new__(Pool)
         other.order, other.cpus, other.mem = self.order, dict(self.cpus), dict(self.mem)
         return other
 
-    def fit(
-        self, req: JobRequest, limit: dict[str, int] | None = None
-    ) -> tuple[str, ...] | None:
-        """Nodes for ``req`` now, or None. ``limit`` caps the CPUs usable per node."""
+    def fit(self, req: JobRequest) -> tuple[str, ...] | None:
+        """Nodes for ``req`` now, or None."""
         mem = mem_per_node(req)
+        ppn, count = req.ppn, req.nodes
+        cpus, mems = self.cpus, self.mem
         chosen: list[str] = []
         for name in self.order:
-            free = self.cpus[name]
-            if limit is not None:
-                free = min(free, limit.get(name, 0))
-            if free < req.ppn:
+            if cpus[name] < ppn:
                 continue
-            free_mem = self.mem[name]
-            if mem is not None and free_mem is not None and free_mem < mem:
-                continue
+            if mem is not None:
+                free_mem = mems[name]
+                if free_mem is not None and free_mem < mem:
+                    continue
             chosen.append(name)
-            if len(chosen) == req.nodes:
+            if len(chosen) == count:
                 return tuple(chosen)
         return None
 
@@ -83,10 +86,16 @@ def mem_per_node(req: JobRequest) -> int | None:
 
 def waiting_reason(req: JobRequest, pool: Pool) -> str:
     """Why a job does not fit now, in the user's terms."""
-    cpus = "1 CPU" if req.ppn == 1 else f"{req.ppn} CPUs"
-    if req.nodes == 1:
-        return f"waiting for {cpus} ({max(pool.cpus.values(), default=0)} free)"
-    return f"waiting for {req.nodes} nodes with {cpus} each"
+    return _waiting_text(req.nodes, req.ppn, max(pool.cpus.values(), default=0))
+
+
+@lru_cache(maxsize=4096)
+def _waiting_text(nodes: int, ppn: int, widest: int) -> str:
+    # Memoised: a pure function of three small numbers, asked for on every pass.
+    cpus = "1 CPU" if ppn == 1 else f"{ppn} CPUs"
+    if nodes == 1:
+        return f"waiting for {cpus} ({widest} free)"
+    return f"waiting for {nodes} nodes with {cpus} each"
 
 
 def reserved_reason(base: str, start: float, now: float) -> str:

@@ -42,17 +42,23 @@ class Machine(msgspec.Struct, frozen=True):
     def pool(cls, procs: int, mem_kb: int | None = None) -> Machine:
         """One flat pool of ``procs`` processors (and ``mem_kb`` memory)."""
         if procs < 1:
-            raise InvalidArgument(f"the machine needs at least 1 processor, not {procs}")
+            raise InvalidArgument(
+                f"the machine needs at least 1 processor, not {procs}"
+            )
         return cls(nodes=(NodeSpec(POOL, procs, mem_kb),))
 
     @classmethod
-    def uniform(cls, nodes: int, cpus_per_node: int, mem_kb: int | None = None) -> Machine:
-        """``nodes`` identical nodes ``n0, n1, ...``, each with the given CPUs/memory."""
+    def uniform(
+        cls, nodes: int, cpus_per_node: int, mem_kb: int | None = None
+    ) -> Machine:
+        """``nodes`` identical nodes ``n0, n1, ...`` with these CPUs and memory."""
         if nodes < 1 or cpus_per_node < 1:
             raise InvalidArgument(
                 f"need at least 1 node of 1 CPU, not {nodes} x {cpus_per_node}"
             )
-        return cls(nodes=tuple(NodeSpec(f"n{i}", cpus_per_node, mem_kb) for i in range(nodes)))
+        return cls(
+            nodes=tuple(NodeSpec(f"n{i}", cpus_per_node, mem_kb) for i in range(nodes))
+        )
 
     @property
     def procs(self) -> int:
@@ -77,8 +83,10 @@ class Machine(msgspec.Struct, frozen=True):
             return f"{len(self.nodes)} nodes x {cpus.pop()} CPUs{mem_text} per node"
         return f"{len(self.nodes)} nodes, {self.procs} CPUs"
 
-    def request(self, procs: int, mem_kb: int | None, walltime: int) -> JobRequest | None:
-        """The request a job of ``procs`` processors makes here, or None if it never fits.
+    def request(
+        self, procs: int, mem_kb: int | None, walltime: int
+    ) -> JobRequest | None:
+        """The request a job of ``procs`` processors makes, or None if it never fits.
 
         Args:
             procs: processors the job asks for (at least 1).
@@ -101,5 +109,5 @@ class Machine(msgspec.Struct, frozen=True):
         if usable < count:
             return None
         # Memory is a requirement only where the machine models it.
-        mem = mem_kb if self.nodes[0].mem_kb is not None else None
+        mem = mem_kb if self.mem_kb is not None else None
         return JobRequest(nodes=count, ppn=ppn, mem_kb=mem, walltime=walltime)

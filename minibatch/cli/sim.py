@@ -1,0 +1,476 @@
+"""Simulation and metrics commands: ``mb sim``, ``mb report``, ``mb compare``,
+``mb experiment`` and ``mb bench sim``.
+
+    mb sim TRACE --policy easy [--param k=v] [--procs N | --nodes N --cpus-per-node C]
+           [--mem 96gb] [--limit N] [--estimates trace|exact] [--kill-at-walltime]
+           --out DIR
+    mb report DIR | --live [--out DIR]
+    mb compare TRACE --policies fifo,easy [...] [--out DIR]
+    mb compare TRACE --live-vs-sim --policy easy      (TRACE from ``mb acct --swf``)
+    mb experiment NAME [--out DIR] | --list
+    mb bench sim [TRACE] [--policy easy] [--repeat 3]
+
+The functions are plain typer commands; ``minibatch.cli.app`` registers them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from minibatch.cli import common
+from minibatch.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from minibatch.sim.runner import SimConfig
+
+# Option declarations shared by sim and compare.
+PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="Policy name.")]
+ParamOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--param", help="Policy parameter k=v (repeatable).", show_default=False
+    ),
+]
+ProcsOpt = Annotated[
+    int | None, typer.Option("--procs", help="One flat pool of N processors.")
+]
+NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Number of nodes.")]
+CpusOpt = Annotated[
+    int | None, typer.Option("--cpus-per-node", help="CPUs of each node.")
+]
+MemOpt = Annotated[
+    str | None,
+    typer.Option("--mem", help="Memory of the pool or of each node (e.g. 96gb)."),
+]
+MachinesOpt = Annotated[
+    str | None,
+    typer.Option("--machines", help="Nodes from an Alea .machines file."),
+]
+MemUnitOpt = Annotated[
+    str,
+    typer.Option(
+        "--mem-unit", help="Trace memory field: kb-per-proc (SWF) or bytes-per-job."
+    ),
+]
+LimitOpt = Annotated[
+    int | None, typer.Option("--limit", help="Only the first N valid jobs.")
+]
+EstimatesOpt = Annotated[
+    str, typer.Option("--estimates", help="trace: requested times; exact: run times.")
+]
+KillOpt = Annotated[
+    bool,
+    typer.Option("--kill-at-walltime", help="End jobs at their requested time."),
+]
+
+
+def parse_params(items: list[str] | None) -> dict[str, Any]:
+    """``["depth=2", "name=x", "on=true"]`` -> typed dict (int, float, bool, str)."""
+    params: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidArgument(f"malformed --param {item!r} (expected k=v)")
+        value: Any = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(text)
+                    break
+                except ValueError:
+                    continue
+        params[key.strip()] = value
+    return params
+
+
+def build_config(
+    trace: str,
+    policy: str,
+    params: list[str] | None,
+    procs: int | None,
+    nodes: int | None,
+    cpus_per_node: int | None,
+    mem: str | None,
+    machines: str | None,
+    mem_unit: str,
+    limit: int | None,
+    estimates: str,
+    kill_at_walltime: bool,
+) -> SimConfig:
+    """A :class:`~minibatch.sim.runner.SimConfig` from command-line values."""
+    from minibatch.sim.runner import MachineSpec, SimConfig
+    from minibatch.sim.swf import Estimates, MemoryUnit
+
+    try:
+        est, unit = Estimates(estimates), MemoryUnit(mem_unit)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from exc
+    if limit is not None and limit < 1:
+        raise InvalidArgument("--limit must be at least 1")
+    return SimConfig(
+        trace=trace,
+        policy=policy,
+        params=parse_params(params),
+        machine=MachineSpec(procs, nodes, cpus_per_node, mem, machines),
+        limit=limit,
+        estimates=est,
+        kill_at_walltime=kill_at_walltime,
+        mem_unit=unit,
+    )
+
+
+@contextmanager
+def progress_bar(
+    enabled: bool, label: str
+) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich progress bar on stderr, as a simulator progress callback."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,}/{task.total:,} jobs"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    task = bar.add_task(label, total=1)
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    with bar:
+        yield update
+
+
+def _want_progress(flag: bool | None) -> bool:
+    return sys.stderr.isatty() if flag is None else flag
+
+
+# ----------------------------------------------------------------- mb sim
+
+
+def sim_command(
+    trace: Annotated[str, typer.Argument(help="SWF trace (plain or .gz).")],
+    out: Annotated[str, typer.Option("--out", "-o", help="Output directory.")],
+    policy: PolicyOpt = "easy",
+    param: ParamOpt = None,
+    procs: ProcsOpt = None,
+    nodes: NodesOpt = None,
+    cpus_per_node: CpusOpt = None,
+    mem: MemOpt = None,
+    machines: MachinesOpt = None,
+    mem_unit: MemUnitOpt = "kb-per-proc",
+    limit: LimitOpt = None,
+    estimates: EstimatesOpt = "trace",
+    kill_at_walltime: KillOpt = False,
+    progress: Annotated[
+        bool | None,
+        typer.Option("--progress/--no-progress", help="Progress bar on stderr."),
+    ] = None,
+    plots: Annotated[
+        bool, typer.Option("--plots", help="Also write the report's plots.")
+    ] = False,
+) -> None:
+    """Replay TRACE under a policy; write DIR/jobs.csv and DIR/summary.json."""
+    from minibatch.metrics.table import run_table
+    from minibatch.sim import runner
+
+    with common.reporting("mb sim"):
+        config = build_config(
+            trace, policy, param, procs, nodes, cpus_per_node, mem, machines,
+            mem_unit, limit, estimates, kill_at_walltime,
+        )  # fmt: skip
+        work = runner.load(config)
+        show = _want_progress(progress) and len(work.jobs) >= 10_000
+        with progress_bar(show, f"{config.policy}") as update:
+            run = runner.simulate(config, work, update)
+        jobs_csv, summary_json = runner.write_run(run, out)
+        if plots:
+            _plots(run.records, run.eet, _nodes(run.summary), Path(out), policy)
+        typer.echo(run_table(run.summary), nl=False)
+        typer.echo(f"\nwrote {jobs_csv} and {summary_json}")
+
+
+def _nodes(summary: dict[str, Any]) -> list[tuple[str, int]]:
+    listed = summary.get("machine_nodes") or []
+    if listed:
+        return [(str(n[0]), int(n[1])) for n in listed]
+    return [("pool", int(summary.get("machine_procs") or 1))]
+
+
+def _plots(
+    records: Any, eet: Any, nodes: list[tuple[str, int]], out: Path, label: str
+) -> list[Path]:
+    from minibatch.metrics import plots
+
+    return plots.report_plots(records, eet, nodes, out, label)
+
+
+# -------------------------------------------------------------- mb report
+
+
+def report_command(
+    directory: Annotated[
+        str | None, typer.Argument(help="A directory written by mb sim.")
+    ] = None,
+    live: Annotated[
+        bool, typer.Option("--live", help="Finished jobs of the running cluster.")
+    ] = False,
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out", "-o", help="Where plots go (default: DIR, or ./mb-report)."
+        ),
+    ] = None,
+    by: Annotated[
+        list[str] | None,
+        typer.Option("--by", help="Group tables: user, class, size (repeatable)."),
+    ] = None,
+    top: Annotated[int, typer.Option(help="Rows per group table (busiest).")] = 20,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots")] = True,
+) -> None:
+    """Print the metrics of a run and write its plots (PNG and SVG)."""
+    from minibatch.metrics import eet as eet_metrics
+    from minibatch.metrics import records as rec
+    from minibatch.metrics.summary import per_group, summarize
+    from minibatch.metrics.table import group_table, run_table
+    from minibatch.sim.runner import eet_summary, write_summary
+
+    with common.reporting("mb report"):
+        if live == (directory is not None):
+            raise InvalidArgument("give a directory written by mb sim, or --live")
+        if directory is not None:
+            records = rec.read_csv(Path(directory) / "jobs.csv")
+            saved = Path(directory) / "summary.json"
+            meta = json.loads(saved.read_text()) if saved.is_file() else {}
+            nodes = _nodes(meta) if meta else [("pool", _peak(records))]
+            target = Path(out or directory)
+        else:
+            records, nodes = _live_records()
+            meta = {}
+            target = Path(out or "mb-report")
+        if not records:
+            raise InvalidArgument("no finished jobs to report on")
+        capacity = sum(c for _, c in nodes)
+        eet = eet_metrics.expected_end_times(
+            records, capacity, mem_capacity_kb=_memory(meta, records)
+        )
+        summary = {**summarize(records, capacity), **eet_summary(records, eet)}
+        for key in ("wall_s", "jobs_per_s"):
+            if key in meta:
+                summary[key] = meta[key]
+        typer.echo(run_table(summary), nl=False)
+        for grouping in by or ["user", "class"]:
+            rows = per_group(records, grouping, eet)
+            typer.echo(f"\nper {grouping} ({len(rows)}):")
+            typer.echo(group_table(rows, grouping, top), nl=False)
+        if live:
+            target.mkdir(parents=True, exist_ok=True)
+            rec.write_csv(target / "jobs.csv", records, eet)
+            write_summary(target / "summary.json", summary)
+        if plots:
+            paths = _plots(records, eet, nodes, target, "live" if live else "")
+            typer.echo(f"\nwrote {len(paths)} plot files to {target}")
+
+
+def _memory(meta: dict[str, Any], records: Any) -> int | None:
+    """Machine memory when the run modelled it (memory is then an EET resource)."""
+    mems = [n[2] for n in meta.get("machine_nodes") or []]
+    if not mems or any(m is None for m in mems):
+        return None
+    return sum(mems) if any(r.mem_kb for r in records) else None
+
+
+def _peak(records: Any) -> int:
+    """Most processors in use at once: the capacity when nothing else says."""
+    steps = sorted(
+        [(r.start, r.procs) for r in records] + [(r.end, -r.procs) for r in records],
+        key=lambda s: (s[0], s[1]),
+    )
+    level = peak = 0
+    for _, delta in steps:
+        level += delta
+        peak = max(peak, level)
+    return max(peak, 1)
+
+
+def _live_records() -> tuple[Any, list[tuple[str, int]]]:
+    from minibatch.metrics.records import from_jobs
+    from minibatch.protocol.messages import QueryJobs, QueryNodes
+
+    jobs = common.call(QueryJobs(finished=True, active=False)).jobs
+    node_list = common.call(QueryNodes()).nodes
+    nodes = [(n.name, len(n.cpus)) for n in node_list]
+    return from_jobs(jobs), nodes or [("pool", 1)]
+
+
+# ------------------------------------------------------------- mb compare
+
+
+def compare_command(
+    trace: Annotated[str, typer.Argument(help="SWF trace (plain or .gz).")],
+    policies: Annotated[
+        str, typer.Option("--policies", help="Comma-separated policy names.")
+    ] = "fifo,easy",
+    live_vs_sim: Annotated[
+        bool,
+        typer.Option(
+            "--live-vs-sim",
+            help="Replay TRACE (e.g. from mb acct --swf) and compare each job's "
+            "simulated start with the recorded one.",
+        ),
+    ] = False,
+    policy: PolicyOpt = "easy",
+    param: ParamOpt = None,
+    procs: ProcsOpt = None,
+    nodes: NodesOpt = None,
+    cpus_per_node: CpusOpt = None,
+    mem: MemOpt = None,
+    machines: MachinesOpt = None,
+    mem_unit: MemUnitOpt = "kb-per-proc",
+    limit: LimitOpt = None,
+    estimates: EstimatesOpt = "trace",
+    kill_at_walltime: KillOpt = False,
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Write runs and plots here (default ./mb-compare; with "
+            "--live-vs-sim nothing is written unless given).",
+        ),
+    ] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots")] = True,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress")] = None,
+) -> None:
+    """Run several policies on TRACE side by side (or a recorded run vs its replay)."""
+    from minibatch.metrics.table import compare_table, grid, number
+    from minibatch.sim import compare as comparing
+    from minibatch.sim import runner
+
+    with common.reporting("mb compare"):
+        config = build_config(
+            trace, policy, param, procs, nodes, cpus_per_node, mem, machines,
+            mem_unit, limit, estimates, kill_at_walltime,
+        )  # fmt: skip
+        if live_vs_sim:
+            result = comparing.live_vs_sim(config)
+            stats = result.summary()
+            rows = [[k, number(v)] for k, v in stats.items()]
+            typer.echo(
+                grid([f"{config.policy}: simulated vs recorded start", ""], rows)
+            )
+            worst = sorted(result.deltas, key=lambda d: -abs(d.delta))[:10]
+            typer.echo(
+                grid(
+                    ["job", "user", "recorded start", "simulated start", "delta (s)"],
+                    [
+                        [
+                            str(d.job),
+                            d.user,
+                            number(d.trace_start),
+                            number(d.sim_start),
+                            number(d.delta),
+                        ]
+                        for d in worst
+                    ],
+                ),
+                nl=False,
+            )
+            if out is not None:
+                runner.write_run(result.run, out)
+                comparing.write_deltas(Path(out) / "starts.csv", result.deltas)
+                runner.write_summary(Path(out) / "live_vs_sim.json", stats)
+                typer.echo(f"\nwrote {out}/starts.csv")
+            return
+        names = [p.strip() for p in policies.split(",") if p.strip()]
+        if not names:
+            raise InvalidArgument("--policies needs at least one name")
+        work = runner.load(config)
+        target = Path(out or "mb-compare")
+        show = _want_progress(progress) and len(work.jobs) >= 10_000
+        with progress_bar(show, "compare") as update:
+            runs = comparing.compare(
+                config, names, target, plots=plots, progress=update, workload=work
+            )
+        typer.echo(
+            f"{len(work.jobs):,} jobs on {work.machine.describe()}\n"
+            + compare_table(names, [r.summary for r in runs]),
+            nl=False,
+        )
+        typer.echo(f"\nwrote runs{' and plots' if plots else ''} to {target}")
+
+
+# ---------------------------------------------------------- mb experiment
+
+
+def experiment_command(
+    name: Annotated[
+        str | None, typer.Argument(help="Experiment name (see --list).")
+    ] = None,
+    out: Annotated[
+        str | None,
+        typer.Option("--out", "-o", help="Output directory (default results/NAME)."),
+    ] = None,
+    list_them: Annotated[
+        bool, typer.Option("--list", help="List the experiments.")
+    ] = False,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots")] = True,
+) -> None:
+    """Run a named, reproducible comparison and write its table and plots."""
+    from minibatch.sim import experiments
+
+    with common.reporting("mb experiment"):
+        if list_them or name is None:
+            typer.echo(experiments.describe_all(), nl=False)
+            return
+        target = Path(out or f"results/{name}")
+        experiments.run_experiment(
+            name, target, plots=plots, say=lambda s: typer.echo(s, err=True)
+        )
+        typer.echo((target / "results.md").read_text(), nl=False)
+        typer.echo(f"\nwrote {target}")
+
+
+# ------------------------------------------------------------ mb bench sim
+
+
+def bench_sim(
+    trace: Annotated[
+        str, typer.Argument(help="Trace file or name (default: SDSC-SP2, bundled).")
+    ] = "SDSC-SP2-1998-4.2-cln.swf.gz",
+    policy: PolicyOpt = "easy",
+    procs: ProcsOpt = None,
+    repeat: Annotated[int, typer.Option(help="Runs; the median is kept.")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Simulated jobs/s of a policy on a whole trace, next to a bare event loop."""
+    from minibatch.sim import bench
+    from minibatch.sim.experiments import find_trace
+    from minibatch.sim.runner import MachineSpec, SimConfig
+
+    with common.reporting("mb bench sim"):
+        config = SimConfig(
+            trace=str(find_trace(trace)),
+            policy=policy,
+            machine=MachineSpec(procs=procs),
+        )
+        result = bench.run(config, repeat=repeat)
+        if as_json:
+            typer.echo(json.dumps(result, indent=2))
+            return
+        typer.echo(bench.render(result), nl=False)
