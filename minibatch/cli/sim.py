@@ -460,8 +460,8 @@ def bench_sim(
 ) -> None:
     """Simulated jobs/s of a policy on a whole trace, next to a bare event loop."""
     from minibatch.sim import bench
-    from minibatch.sim.experiments import find_trace
     from minibatch.sim.runner import MachineSpec, SimConfig
+    from minibatch.sim.swf import find_trace
 
     with common.reporting("mb bench sim"):
         config = SimConfig(

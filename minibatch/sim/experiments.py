@@ -15,7 +15,6 @@ the command that made it.
 
 from __future__ import annotations
 
-import os
 import random
 import statistics
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from minibatch.sim.runner import (
     write_run,
     write_summary,
 )
-from minibatch.sim.swf import MemoryUnit
+from minibatch.sim.swf import MemoryUnit, find_trace
 
 SDSC = "SDSC-SP2-1998-4.2-cln.swf.gz"
 WAGAP = "MetaCentrum-wagap-2013.swf.gz"
@@ -114,27 +113,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         ),
     )
 }
-
-
-#: The traces that come with minibatch (``jobs/workloads`` in the repository).
-BUNDLED = Path(__file__).resolve().parents[2] / "jobs" / "workloads"
-
-
-def find_trace(name: str) -> Path:
-    """A trace file: the path as given, else by name in ``$MB_TRACES``,
-    ``./traces``, then the traces that come with minibatch."""
-    direct = Path(name)
-    if direct.is_file():
-        return direct
-    dirs = [d for d in os.environ.get("MB_TRACES", "").split(os.pathsep) if d]
-    dirs += ["traces", str(BUNDLED)]
-    for d in dirs:
-        candidate = Path(d) / name
-        if candidate.is_file():
-            return candidate
-    raise InvalidArgument(
-        f"trace {name!r} not found in {', '.join(dirs)} (set MB_TRACES to its folder)"
-    )
 
 
 def _config(spec: WorkloadSpec, policy: str, exp: Experiment) -> SimConfig:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -187,12 +188,33 @@ def parse_swf(lines: Iterable[str]) -> SwfTrace:
     return trace
 
 
+#: The traces that come with minibatch (``jobs/workloads`` in the repository).
+BUNDLED = Path(__file__).resolve().parents[2] / "jobs" / "workloads"
+
+
+def find_trace(name: str) -> Path:
+    """A trace file: the path as given, else by name in ``$MB_TRACES``,
+    ``./traces``, then the traces that come with minibatch."""
+    direct = Path(name)
+    if direct.is_file():
+        return direct
+    dirs = [d for d in os.environ.get("MB_TRACES", "").split(os.pathsep) if d]
+    dirs += ["traces", str(BUNDLED)]
+    for d in dirs:
+        candidate = Path(d) / name
+        if candidate.is_file():
+            return candidate
+    raise InvalidArgument(
+        f"trace {name!r} not found in {', '.join(dirs)} (set MB_TRACES to its folder)"
+    )
+
+
 def read_swf(path: str | Path) -> SwfTrace:
-    """Read a plain or gzip-compressed SWF file (compression found by content)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InvalidArgument(f"no such trace file: {p}")
-    return parse_swf(_open_lines(p))
+    """Read a plain or gzip-compressed SWF file (compression found by content).
+
+    ``path`` may also be a bare trace name, looked up by :func:`find_trace`.
+    """
+    return parse_swf(_open_lines(find_trace(str(path))))
 
 
 def record_mem_kb(rec: SwfRecord, procs: int, unit: MemoryUnit) -> int | None:

@@ -16,9 +16,8 @@ from minibatch.policy.backfill import Easy
 from minibatch.policy.fifo import Fifo
 from minibatch.sim.baseline import bare_schedule
 from minibatch.sim.engine import Simulator
-from minibatch.sim.experiments import find_trace
 from minibatch.sim.machine import Machine
-from minibatch.sim.swf import read_swf, select_jobs
+from minibatch.sim.swf import find_trace, read_swf, select_jobs
 
 TRACE = find_trace("SDSC-SP2-1998-4.2-cln.swf.gz")
 
