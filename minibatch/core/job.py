@@ -102,6 +102,8 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     ppn: int = 1
     mem_kb: int | None = None
     walltime: int = 3600
+    #: GPUs on each node.
+    gpus: int = 0
 
     @property
     def cpus(self) -> int:
@@ -124,6 +126,11 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     hold: bool = False
     array: list[int] | None = None
     submit_args: str = ""
+    account: str = ""
+    #: Quality of service by name (``qsub -l qos=NAME``); "" is the default QOS.
+    qos: str = ""
+    #: An advance reservation to run inside (``qsub -l advres=NAME``).
+    advres: str = ""
 
 
 class Allocation(msgspec.Struct, frozen=True):
@@ -165,6 +172,9 @@ class Job(msgspec.Struct, kw_only=True):
     reason: str = ""
     predicted_start: float | None = None
     comment: str = ""
+    account: str = ""
+    qos: str = ""
+    advres: str = ""
 
     @property
     def display_id(self) -> str:

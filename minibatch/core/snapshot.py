@@ -22,6 +22,8 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     free_cpus: int
     mem_kb: int | None = None
     free_mem_kb: int | None = None
+    gpus: int = 0
+    free_gpus: int = 0
 
 
 class RunningView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -33,6 +35,9 @@ class RunningView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     mem_kb_per_node: int | None
     start_time: float
     walltime: float
+    gpus_per_node: int = 0
+    #: The advance reservation the job runs inside, if any.
+    advres: str = ""
 
     def expected_end(self, now: float) -> float:
         """Start + requested time; a job past it is treated as ending now."""
@@ -48,6 +53,44 @@ class PendingView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     request: JobRequest
     submit_time: float
     priority: float = 0.0
+    account: str = ""
+    qos: str = ""
+    #: The advance reservation the job must run inside ("" = none).
+    advres: str = ""
+
+
+class ReservationView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """An advance reservation: CPUs held on nodes from ``start`` to ``end``.
+
+    Only ``users`` may run inside it (jobs submitted with ``advres=name``); an
+    empty ``users`` is a downtime reservation that no job may use. Every policy
+    must keep other jobs off these CPUs during the window.
+    """
+
+    name: str
+    start: float
+    end: float
+    nodes: tuple[tuple[str, int], ...]
+    users: tuple[str, ...] = ()
+
+
+class FairshareView(msgspec.Struct, frozen=True, kw_only=True):
+    """Decayed past usage, computed by the resource manager from accounting.
+
+    Values are in the unit of ``FSPOLICY`` (dedicated CPU-seconds by default),
+    already weighted over the ``FSDEPTH`` windows of ``FSINTERVAL`` by ``FSDECAY``.
+    """
+
+    users: dict[str, float] = {}
+    groups: dict[str, float] = {}
+    accounts: dict[str, float] = {}
+
+
+class QosView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    priority: float = 0.0
+    max_walltime: float | None = None
+    max_jobs_per_user: int | None = None
 
 
 class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,6 +106,12 @@ class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     nodes: tuple[NodeView, ...]
     running: Sequence[RunningView]
     pending: Sequence[PendingView]
+    reservations: tuple[ReservationView, ...] = ()
+    fairshare: FairshareView = FairshareView()
+    #: PSP: each user's latest finished jobs' accuracy (run time / requested
+    #: time), oldest first, at most 10.
+    accuracy: dict[str, tuple[float, ...]] = {}
+    qos: dict[str, QosView] = {}
 
 
 class Start(msgspec.Struct, frozen=True):

@@ -42,6 +42,9 @@ class PendingQueue:
             group=job.group,
             request=job.request,
             submit_time=job.submit_time,
+            account=job.account,
+            qos=job.qos,
+            advres=job.advres,
         )
 
     def discard(self, job_id: int) -> None:

@@ -125,6 +125,9 @@ def build_jobs(
                 array_id=None if index is None else first_id,
                 array_index=index,
                 submit_args=spec.submit_args,
+                account=spec.account,
+                qos=spec.qos,
+                advres=spec.advres,
             )
         )
     return jobs
