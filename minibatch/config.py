@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from minibatch.core import usage
+from minibatch.core.units import parse_duration
 from minibatch.errors import InvalidArgument
 
 
@@ -101,6 +103,65 @@ class NodeDaemonConfig(
     sample_interval: float = 0.25
 
 
+class QosConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A quality of service (``[[qos]]``): ``qsub -l qos=NAME`` picks one."""
+
+    name: str
+    #: Added to the priority of its jobs by the priority policies (Maui QOS PRIORITY).
+    priority: float = 0.0
+    #: The longest walltime a job of this QOS may ask for (seconds or HH:MM:SS).
+    max_walltime: int | str | None = None
+    #: Running jobs one user may have in this QOS at once (Maui MAXJOB).
+    max_jobs_per_user: int | None = None
+
+    def walltime_limit(self) -> int | None:
+        if self.max_walltime is None:
+            return None
+        if isinstance(self.max_walltime, int):
+            return self.max_walltime
+        return parse_duration(self.max_walltime)
+
+
+class FairshareConfig(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
+):
+    """Maui's fairshare usage windows (FSINTERVAL, FSDEPTH, FSDECAY, FSPOLICY).
+
+    Defaults are Maui's *code* defaults (``include/msched.h``): 12 h windows, 8 of
+    them, no decay; usage counted in dedicated CPU-seconds.
+    """
+
+    #: Length of one usage window, seconds or HH:MM:SS (FSINTERVAL).
+    interval: float | str = 43200.0
+    #: Number of windows kept (FSDEPTH, at most 24).
+    depth: int = 8
+    #: Weight of each older window relative to the next newer one (FSDECAY).
+    decay: float = 1.0
+    #: What usage counts (FSPOLICY): dedicatedps, dedicatedpes or none.
+    policy: str = "dedicatedps"
+    #: Seconds between recomputations while nothing ends (running jobs accrue).
+    refresh: float = 60.0
+
+    def usage_config(self) -> usage.FairshareConfig:
+        """As :mod:`minibatch.core.usage` takes it; ValueError names a bad value."""
+        interval = self.interval
+        seconds = (
+            float(parse_duration(interval))
+            if isinstance(interval, str)
+            else float(interval)
+        )
+        try:
+            policy = usage.FsPolicy(self.policy.upper())
+        except ValueError:
+            names = ", ".join(p.value.lower() for p in usage.FsPolicy)
+            raise ValueError(
+                f"policy must be one of {names}, not {self.policy!r}"
+            ) from None
+        return usage.FairshareConfig(
+            policy=policy, interval=seconds, depth=self.depth, decay=self.decay
+        )
+
+
 class MqttConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     #: Empty: ``mb up`` starts the embedded broker on a free loopback port.
     url: str = ""
@@ -114,7 +175,33 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     scheduler: SchedulerConfig = SchedulerConfig()
     node: NodeDaemonConfig = NodeDaemonConfig()
     mqtt: MqttConfig = MqttConfig()
+    fairshare: FairshareConfig = FairshareConfig()
+    #: The QOS of jobs submitted without ``-l qos=`` ("" = none: no limits).
+    default_qos: str = ""
+    qos: list[QosConfig] = []
     nodes: list[NodeConfig] = []
+
+    def check(self) -> None:
+        """Refuse values that parse but make no sense, naming the key."""
+        names = [q.name for q in self.qos]
+        for q in self.qos:
+            if not q.name or names.count(q.name) > 1:
+                raise InvalidArgument(f"[[qos]] names must be unique: {q.name!r}")
+            limit = q.walltime_limit()
+            if limit is not None and limit <= 0:
+                raise InvalidArgument(f"qos {q.name!r}: max_walltime must be positive")
+            if q.max_jobs_per_user is not None and q.max_jobs_per_user < 1:
+                raise InvalidArgument(
+                    f"qos {q.name!r}: max_jobs_per_user must be at least 1"
+                )
+        if self.default_qos and self.default_qos not in names:
+            raise InvalidArgument(
+                f"default_qos {self.default_qos!r} is not a [[qos]] entry"
+            )
+        try:
+            self.fairshare.usage_config()
+        except ValueError as exc:
+            raise InvalidArgument(f"[fairshare]: {exc}") from None
 
     def server_endpoint(self, paths: Paths) -> str:
         return self.server.endpoint or f"ipc://{paths.run / 'server.sock'}"
@@ -131,9 +218,11 @@ def load(paths: Paths) -> Config:
     if not paths.config.exists():
         return Config()
     try:
-        return msgspec.toml.decode(paths.config.read_bytes(), type=Config)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        config = msgspec.toml.decode(paths.config.read_bytes(), type=Config)
+        config.check()
+    except (msgspec.DecodeError, msgspec.ValidationError, InvalidArgument) as exc:
         raise InvalidArgument(f"{paths.config}: {exc}") from exc
+    return config
 
 
 def mqtt_url(paths: Paths, config: Config) -> str:

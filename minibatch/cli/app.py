@@ -9,7 +9,19 @@ from typing import Annotated
 
 import typer
 
-from minibatch.cli import acct, common, jobctl, pbsnodes, qstat, qsub, sim
+from minibatch.cli import (
+    acct,
+    common,
+    diag,
+    jobctl,
+    pbsnodes,
+    policy,
+    qstat,
+    qsub,
+    resv,
+    showq,
+    sim,
+)
 
 app = typer.Typer(
     name="mb",
@@ -33,6 +45,19 @@ app.command("pbsnodes", context_settings=pbsnodes.CONTEXT_SETTINGS)(
     pbsnodes.pbsnodes_command
 )
 app.command("acct", context_settings=acct.CONTEXT_SETTINGS)(acct.acct_command)
+# Maui's commands.
+for _name, _command in (
+    ("showq", showq.showq_command),
+    ("showstart", showq.showstart_command),
+    ("showbf", showq.showbf_command),
+    ("setres", resv.setres_command),
+    ("showres", resv.showres_command),
+    ("releaseres", resv.releaseres_command),
+    ("checkjob", diag.checkjob_command),
+    ("diagnose", diag.diagnose_command),
+):
+    app.command(_name, context_settings={"help_option_names": ["--help"]})(_command)
+app.add_typer(policy.policy_app, name="policy")
 app.command("sim")(sim.sim_command)
 app.command("report")(sim.report_command)
 app.command("compare")(sim.compare_command)

@@ -28,10 +28,10 @@ MAX_ARRAY = 100_000
 _SLURM_SHORT = {
     "J": "job-name", "o": "output", "e": "error", "t": "time", "n": "ntasks",
     "c": "cpus-per-task", "N": "nodes", "a": "array", "d": "dependency",
-    "p": "partition", "H": "hold",
+    "p": "partition", "H": "hold", "A": "account", "q": "qos",
 }
 # fmt: on
-_SLURM_LONG = frozenset(_SLURM_SHORT.values()) | {"mem"}
+_SLURM_LONG = frozenset(_SLURM_SHORT.values()) | {"mem", "reservation"}
 _SLURM_FLAGS = frozenset({"hold"})
 
 _DIRECTIVE = re.compile(r"^#(PBS|SBATCH)(?=\s|$)")
@@ -41,6 +41,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SLURM_MEM = re.compile(r"^(\d+)([kmgt]?)b?$", re.IGNORECASE)
 _SLURM_MEM_KB = {"k": 1, "": 1024, "m": 1024, "g": 1024**2, "t": 1024**3}
 _HOST_PREFIX = re.compile(r"^[A-Za-z0-9_.-]+:(?=/)")
+_WORD = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
 
 
 # A Struct, not a dataclass: importing dataclasses costs qsub milliseconds.
@@ -63,8 +64,19 @@ class SubmitOptions(msgspec.Struct, kw_only=True):
     array: list[int] | None = None
     env: dict[str, str] = {}
     export_all: bool | None = None
+    account: str | None = None
+    qos: str | None = None
+    #: An advance reservation to run inside (``-l advres=NAME``).
+    advres: str | None = None
     #: #SBATCH directives were used: Slurm sends stderr to the output file by default.
     slurm: bool = False
+
+
+def check_word(value: str, what: str) -> str:
+    """A QOS, account or reservation name: letters, digits and ``_ . - @``."""
+    if not _WORD.match(value):
+        raise InvalidArgument(f"invalid {what} {value!r}")
+    return value
 
 
 def check_queue(queue: str) -> None:
@@ -218,8 +230,12 @@ def apply_resources(opts: SubmitOptions, text: str) -> None:
             opts.mem_kb = parse_size_kb(value)
         elif key == "walltime":
             opts.walltime = parse_duration(value)
+        elif key == "qos":
+            opts.qos = check_word(value, "QOS")
+        elif key == "advres":
+            opts.advres = check_word(value, "reservation name")
         else:
-            supported = "ncpus, nodes, select, mem, walltime"
+            supported = "ncpus, nodes, select, mem, walltime, qos, advres"
             raise InvalidArgument(f"unsupported resource {key!r} ({supported})")
 
 
@@ -230,7 +246,7 @@ def apply_resources(opts: SubmitOptions, text: str) -> None:
 PBS_OPTIONS = {
     "N": "name", "o": "output", "e": "error", "j": "join", "l": "resources",
     "W": "attribute", "t": "array", "v": "variables", "q": "queue", "h": "hold",
-    "V": "export",
+    "V": "export", "A": "account",
 }
 # fmt: on
 #: qsub options that are flags; the other PBS_OPTIONS take a value.
@@ -271,6 +287,12 @@ def apply_option(
         opts.hold = True
     elif key == "export":
         opts.export_all = True
+    elif key == "account":
+        opts.account = check_word(value, "account")
+    elif key == "qos":
+        opts.qos = check_word(value, "QOS")
+    elif key == "reservation":
+        opts.advres = check_word(value, "reservation name")
     elif key == "time":
         opts.walltime = parse_slurm_time(value)
     elif key == "mem":

@@ -37,7 +37,10 @@ Submit a batch job and print its id. Options override #PBS/#SBATCH directives.
   -e PATH          standard error file (default: NAME.eID)
   -j oe | n        join standard error into standard output
   -l LIST          resources: ncpus=N, nodes=N[:ppn=C], select=N:ncpus=C[:mem=S],
-                   mem=SIZE, walltime=[[HH:]MM:]SS (repeatable, comma lists)
+                   mem=SIZE, walltime=[[HH:]MM:]SS (repeatable, comma lists);
+                   qos=NAME (quality of service), advres=NAME (run inside the
+                   advance reservation NAME, see setres)
+  -A ACCOUNT       account to charge (fairshare by account)
   -W depend=LIST   afterok:ID[:ID...],afternotok:...,afterany:...
   -h               submit on user hold (release with qrls)
   -t RANGE         job array indices: 1-10, 1,3,5-7, 0-20:2
@@ -178,6 +181,9 @@ def build_spec(
         hold=bool(opts.hold),
         array=opts.array,
         submit_args=submit_args,
+        account=opts.account or "",
+        qos=opts.qos or "",
+        advres=opts.advres or "",
     )
 
 

@@ -38,6 +38,9 @@ class RunningView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     gpus_per_node: int = 0
     #: The advance reservation the job runs inside, if any.
     advres: str = ""
+    group: str = ""
+    account: str = ""
+    qos: str = ""
 
     def expected_end(self, now: float) -> float:
         """Start + requested time; a job past it is treated as ending now."""

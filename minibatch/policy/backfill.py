@@ -1,215 +1,305 @@
-"""EASY backfilling (Lifka 1995; Mu'alem & Feitelson, IEEE TPDS 12(6), 2001).
+"""Backfilling with a reservation depth: EASY, conservative and anything between.
 
-Algorithm: start jobs in queue order while they fit. The first job that does not
-fit (the head) gets a reservation at its *shadow time*: the earliest time at which
-enough running jobs will have ended, by their requested walltimes, for it to fit.
-Later jobs are then started out of order ("backfilled") if they fit now and either
-end, by their own walltime, before the shadow time, or use only resources the head
-will not need at the shadow time (the *extra* CPUs and memory on each node).
+Algorithm (one pass, over :class:`~minibatch.policy.profile.Profile`):
 
-Guarantee: a backfilled job never delays the head's reservation, provided running
-jobs end by their walltimes (the node daemons enforce walltime, so live they do).
-The reservation is recomputed on every pass; a running job already past its
-requested end is treated as ending now. Only the head is protected (reservation
-depth 1, Maui's ``RESERVATIONDEPTH 1``): jobs behind it may be delayed by backfill.
-Seed 004 (Bode et al.) describes the same mechanism as Maui's default backfill.
+1. Walk the pending jobs in priority order (``order(snap)``, by default the
+   snapshot's order: submission order). A job that fits now (on its nodes, for
+   its whole requested time, without touching anything reserved) starts. A job
+   that does not gets a **reservation** at the earliest time it fits, as long as
+   fewer than ``depth`` jobs hold one (Maui ``RESERVATIONDEPTH``); the
+   reservation is put in the profile, so later jobs keep off it.
+2. Once ``depth`` jobs hold reservations, the rest are **backfill** candidates;
+   ``select`` picks which start (Maui ``BACKFILLPOLICY``): ``firstfit`` starts
+   each one that fits, in priority order; ``bestfit`` starts, per traversal of
+   the candidates, the one that fits with the best ``metric`` (``procs``: most
+   CPUs, ``procseconds``: most CPUs x walltime, ``seconds``: longest walltime),
+   and traverses again until none fits; ``bb``/``ibb`` are seed 003's K-resource
+   selections (:mod:`minibatch.policy.balanced`).
+
+``depth=1`` is EASY (Lifka 1995; Mu'alem & Feitelson, IEEE TPDS 12(6), 2001):
+only the first job that does not fit is protected. ``depth="all"`` is
+conservative backfilling (same paper): every job gets a reservation and no job
+ever delays one ahead of it. ``depth=0`` reserves nothing (greedy).
+
+Exact semantics (docs/policies.md, "Backfill"): running jobs release at start +
+requested time, all releases at one instant together; a job past its requested
+end releases *now* (for reservations; its CPUs are not used this pass); nothing
+is stored between passes, every reservation is recomputed each pass from the
+snapshot; advance reservations are honoured by the profile; a job that can never
+fit (e.g. its nodes are down) gets no reservation and does not count in the depth.
+
+Guarantee: a started job never overlaps, by its requested time, a reservation
+made before it in the pass, so with jobs ending by their requested times no
+backfilled job delays a reserved one.
+
+Parameters: ``depth`` (int >= 0 or ``all``), ``select`` (``firstfit``,
+``bestfit``, ``bb``, ``ibb``), ``metric`` (for ``bestfit``), ``order`` (a
+priority function, given in code: ``Backfill(order=fn)``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from operator import itemgetter
-from typing import ClassVar
+from collections.abc import Callable, Sequence
+from typing import ClassVar, Protocol
 
-from minibatch.core.job import JobRequest
-from minibatch.core.snapshot import (
-    ClusterSnapshot,
-    PendingView,
-    Plan,
-    RunningView,
-    Start,
-)
-from minibatch.policy.base import (
-    Pool,
-    mem_per_node,
-    reserved_reason,
-    waiting_reason,
-)
+from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan
+from minibatch.policy.base import Order, as_choice, as_int, as_order, waiting_reason
+from minibatch.policy.planning import Pass
+from minibatch.policy.profile import Profile
+from minibatch.policy.search import INF, Shape
 
-#: (end time, ((node, cpus), ...), memory per node) for every job holding resources.
-_Release = tuple[float, tuple[tuple[str, int], ...], int]
+METRICS = ("procs", "procseconds", "seconds")
 
 
-class Easy:
-    name: ClassVar[str] = "easy"
+class Selection(Protocol):
+    """Which backfill candidates start (after the reservations are made)."""
+
+    name: str
+
+    def run(self, p: Pass, jobs: list[PendingView]) -> None: ...
+
+
+class FirstFit:
+    """Start every candidate that fits, in priority order (Maui ``FIRSTFIT``)."""
+
+    name = "firstfit"
+
+    def run(self, p: Pass, jobs: list[PendingView]) -> None:
+        for job in jobs:
+            found = p.fit(job)
+            if found is None:
+                p.reasons[job.id] = p.reason(job)
+            else:
+                p.start(job, *found)
+
+
+def pick_repeatedly(
+    p: Pass, jobs: list[PendingView], score: Callable[[PendingView], float]
+) -> None:
+    """Per traversal, start the fitting candidate with the lowest ``score``
+    (ties: the earlier in priority order); traverse again until none fits."""
+    left = list(jobs)
+    while left:
+        best = -1
+        best_score = INF
+        best_fit: tuple[Profile, list[int]] | None = None
+        for k, job in enumerate(left):
+            found = p.fit(job)
+            if found is None:
+                continue
+            s = score(job)
+            if best < 0 or s < best_score:
+                best, best_score, best_fit = k, s, found
+        if best_fit is None:
+            break
+        p.start(left.pop(best), *best_fit)
+    for job in left:
+        p.reasons[job.id] = p.reason(job)
+
+
+class BestFit:
+    """Maui ``BESTFIT``: per traversal, the fitting job with the largest metric."""
+
+    def __init__(self, metric: str = "procs") -> None:
+        self.metric = as_choice("metric", metric, METRICS)
+        self.name = "bestfit"
+
+    def run(self, p: Pass, jobs: list[PendingView]) -> None:
+        def score(job: PendingView) -> float:
+            req = job.request
+            if self.metric == "procs":
+                return -float(req.cpus)
+            if self.metric == "seconds":
+                return -float(req.walltime)
+            return -float(req.cpus * req.walltime)
+
+        pick_repeatedly(p, jobs, score)
+
+
+def selection(name: str | Selection, metric: str = "procs") -> Selection | None:
+    """A selection by name; None stands for the built-in first fit."""
+    if not isinstance(name, str):
+        return name
+    choice = as_choice("select", name, ("firstfit", "bestfit", "bb", "ibb"))
+    if choice == "firstfit":
+        return None
+    if choice == "bestfit":
+        return BestFit(metric)
+    from minibatch.policy.balanced import BackfillBalanced, ImprovedBackfillBalanced
+
+    return BackfillBalanced() if choice == "bb" else ImprovedBackfillBalanced()
+
+
+class Backfill:
+    """Reservations for the first ``depth`` blocked jobs, then backfill.
+
+    Args:
+        depth: jobs that get a reservation (``"all"``/None: every job).
+        select: ``firstfit``, ``bestfit``, ``bb``, ``ibb`` or a :class:`Selection`.
+        metric: what ``bestfit`` maximises: ``procs``, ``procseconds``, ``seconds``.
+        order: the priority order (default: the snapshot's order).
+    """
+
+    name: ClassVar[str] = "backfill"
+
+    def __init__(
+        self,
+        depth: int | str | None = 1,
+        select: str | Selection = "firstfit",
+        metric: str = "procs",
+        order: Order | None = None,
+    ) -> None:
+        self.depth = as_int("depth", depth, minimum=0, unlimited=True)
+        self.metric = as_choice("metric", metric, METRICS)
+        self.selection = selection(select, self.metric)
+        self.order = as_order("order", order)
 
     def plan(self, snap: ClusterSnapshot) -> Plan:
-        now = snap.now
-        pool = Pool(snap)
-        # Jobs started in this pass before the head hold resources until then.
-        started: list[_Release] = []
-        starts: list[Start] = []
-        reasons: dict[int, str] = {}
-        predicted: dict[int, float] = {}
-        queue = iter(snap.pending)
-        # Start jobs in queue order while they fit; the first that does not is the
-        # head. A job wider than the widest free node cannot fit: no fit test.
-        widest = _widest(pool)
-        head: PendingView | None = None
-        for job in queue:
-            req = job.request
-            nodes = pool.fit(req) if req.ppn <= widest else None
-            if nodes is None:
-                head = job
-                break
-            pool.take(nodes, req)
-            starts.append(Start(job.id, nodes))
-            started.append(_release(now + req.walltime, nodes, req))
-            widest = _widest(pool)
-        if head is None:
-            return Plan(generation=snap.generation, starts=starts)
-        shadow, extra = _shadow(pool, snap.running, started, now, head)
-        base = waiting_reason(head.request, pool)
-        if shadow is None:
-            reasons[head.id] = f"{base}; no usable node has room for it now"
-        else:
-            reasons[head.id] = reserved_reason(base, shadow, now)
-            predicted[head.id] = shadow
-        # Backfill. ``free_total``, ``widest`` and the reasons of jobs that do not
-        # fit (one text per job shape) change only when a job is taken, so they are
-        # refreshed then and the rest of the queue is passed over cheaply.
-        free_total = pool.free_cpus()
-        said: dict[tuple[int, int], str] = {}
-        failed: set[tuple[int, int, int | None]] = set()
-        # Free now *and* left over at the shadow time; rebuilt after every take.
-        both: Pool | None = None
-        both_widest = 0
-        both_failed: set[tuple[int, int, int | None]] = set()
-        delays = f"would delay job {head.id}'s reservation (walltime too long)"
-        default = ""
-        for job in queue:
-            if free_total == 0:
-                default = f"queued behind job {head.id} (no free CPUs)"
-                break  # nothing more can start: the rest share one reason
-            req = job.request
-            if req.ppn > widest:
-                nodes = None
-            else:
-                # fit() depends only on the pool and the job's shape: a shape
-                # that did not fit will not fit again until something is taken.
-                shape = (req.nodes, req.ppn, req.mem_kb)
-                nodes = None if shape in failed else pool.fit(req)
-                if nodes is None:
-                    failed.add(shape)
-            if nodes is None:
-                key = (req.nodes, req.ppn)
-                reason = said.get(key)
-                if reason is None:
-                    reason = said[key] = waiting_reason(req, pool)
-                reasons[job.id] = reason
+        # One long method on purpose: it runs on every scheduling pass, and
+        # locals are what keeps a pass cheap (the simulator makes ~100,000).
+        p = Pass(snap)
+        queue: Sequence[PendingView] = (
+            snap.pending if self.order is None else self.order(snap)
+        )
+        limit = INF if self.depth is None else self.depth
+        general, now = p.book.general, snap.now
+        reasons = p.reasons
+        # Caches valid until a start (p.start clears ``failed``): a shape that
+        # did not fit until an end cannot fit for longer, and one reason text
+        # serves every job of a shape.
+        failed = p.failed_general
+        waiting: dict[tuple[int, int], str] = {}
+        widest = general.widest()
+        rest: list[PendingView] = []
+        jobs = iter(queue)
+        # 1. In order: start what fits, reserve what does not, up to ``limit``.
+        reserved = 0
+        for job in jobs if limit > 0 else ():
+            if job.advres:
+                self._other(p, job, limit, rest)
                 continue
-            if shadow is None or extra is None or now + req.walltime <= shadow:
-                pool.take(nodes, req)  # ends before the head starts: no conflict
-            else:
-                if both is None:
-                    both = _both(pool, extra)
-                    both_widest = _widest(both)
-                    both_failed.clear()
-                shape = (req.nodes, req.ppn, req.mem_kb)
-                if req.ppn > both_widest or shape in both_failed:
-                    nodes = None
+            req = job.request
+            ppn, count = req.ppn, req.nodes
+            shape: Shape | None = None
+            window = False  # fits now, but would run into a reservation
+            if ppn <= widest:  # else it is wider than any node's free CPUs
+                mem = req.mem_kb
+                shape = (count, ppn, 0 if mem is None else -(-mem // count), req.gpus)
+                end = now + req.walltime
+                bad = failed.get(shape)
+                if bad is None or end < bad:
+                    found = general.fit_now(shape, end)
+                    if found is not None:
+                        p.start(job, general, found, shape)
+                        widest = general.widest()
+                        waiting.clear()
+                        continue
+                    failed[shape] = end
+                window = end > general.first_dip
+            base = ""  # p.reserve finds out why, if it may be a reservation
+            if not window:
+                base = waiting.get((count, ppn), "")
+                if not base:
+                    base = waiting[(count, ppn)] = waiting_reason(req, widest)
+            reserved += p.reserve(job, general, "", base, shape)
+            if reserved >= limit:
+                break
+        selection = self.selection
+        if selection is not None:
+            for job in jobs:
+                if job.advres:
+                    self._other(p, job, limit, rest)
                 else:
-                    nodes = both.fit(req)
-                if nodes is None:
-                    both_failed.add(shape)
-                    reasons[job.id] = delays
+                    rest.append(job)
+            if rest:
+                selection.run(p, rest)
+            return p.plan()
+        # 2. First fit: start every job left that fits, in order.
+        others = bool(p.book.views)  # advance reservations with their own queues
+        said: dict[Shape, str] = {}
+        free = general.free_cpus()
+        for job in jobs:
+            if job.advres:
+                self._other(p, job, limit, rest)
+                continue
+            if free == 0 and not others:
+                head = p.heads.get("")
+                behind = "the running jobs" if head is None else f"job {head}"
+                # Nothing more can start: the rest share one reason.
+                return p.plan(f"queued behind {behind} (no free CPUs)")
+            req = job.request
+            ppn, count = req.ppn, req.nodes
+            if ppn > widest:  # wider than any node's free CPUs: no fit test
+                text = waiting.get((count, ppn))
+                if text is None:
+                    text = waiting[(count, ppn)] = waiting_reason(req, widest)
+                reasons[job.id] = text
+                continue
+            mem = req.mem_kb
+            shape = (count, ppn, 0 if mem is None else -(-mem // count), req.gpus)
+            end = now + req.walltime
+            bad = failed.get(shape)
+            if bad is None or end < bad:
+                found = general.fit_now(shape, end)
+                if found is not None:
+                    p.start(job, general, found, shape)
+                    widest, free = general.widest(), general.free_cpus()
+                    said.clear()
+                    waiting.clear()
                     continue
-                pool.take(nodes, req)
-                extra.take(nodes, req)
-            starts.append(Start(job.id, nodes))
-            free_total, widest = pool.free_cpus(), _widest(pool)
-            said.clear()
-            failed.clear()
-            both = None
-        return Plan(
-            generation=snap.generation,
-            starts=starts,
-            reasons=reasons,
-            predicted=predicted,
-            default_reason=default,
-        )
+                failed[shape] = end
+            if end <= general.first_dip:
+                # Nothing is reserved before it would end: it does not fit now.
+                text = waiting.get((count, ppn))
+                if text is None:
+                    text = waiting[(count, ppn)] = waiting_reason(req, widest)
+            else:
+                text = said.get(shape)
+                if text is None:
+                    text = said[shape] = p.why(job, general, shape)
+            reasons[job.id] = text
+        return p.plan()
+
+    def _other(
+        self, p: Pass, job: PendingView, limit: float, rest: list[PendingView]
+    ) -> None:
+        """A job inside an advance reservation: the same rules, in its own view
+        with its own depth (it never competes with the general queue's CPUs)."""
+        view = p.book.view_for(job)
+        if view is None:
+            p.reasons[job.id] = p.book.refusals[job.id]
+            return
+        key = job.advres
+        if p.counts.get(key, 0) >= limit and self.selection is not None:
+            rest.append(job)
+            return
+        found = p.fit(job)
+        if found is not None:
+            p.start(job, *found)
+        elif p.counts.get(key, 0) < limit:
+            p.reserve(job, view, key)
+        else:
+            p.reasons[job.id] = p.reason(job)
 
 
-def _widest(pool: Pool) -> int:
-    return max(pool.cpus.values(), default=0)
+class Easy(Backfill):
+    """EASY backfilling: ``Backfill(depth=1)``."""
+
+    name: ClassVar[str] = "easy"
+
+    def __init__(
+        self,
+        select: str | Selection = "firstfit",
+        metric: str = "procs",
+        order: Order | None = None,
+    ) -> None:
+        super().__init__(depth=1, select=select, metric=metric, order=order)
 
 
-def _release(end: float, nodes: tuple[str, ...], req: JobRequest) -> _Release:
-    return (end, tuple((n, req.ppn) for n in nodes), mem_per_node(req) or 0)
+class Conservative(Backfill):
+    """Conservative backfilling: ``Backfill(depth="all")``."""
 
+    name: ClassVar[str] = "conservative"
 
-def _shadow(
-    pool: Pool,
-    running: Iterable[RunningView],
-    started: list[_Release],
-    now: float,
-    head: PendingView,
-) -> tuple[float | None, Pool | None]:
-    """The head's shadow time and the resources left over at it, per node.
-
-    Running jobs release at ``RunningView.expected_end(now)`` (an overrunning job
-    ends now), jobs ``started`` in this pass at their own ends. Releases with the
-    same end time are applied together before testing, so the leftover (``extra``)
-    counts everything free at that instant.
-    """
-    releases: list[_Release] = [
-        (
-            end if (end := r.start_time + r.walltime) > now else now,
-            r.nodes,
-            r.mem_kb_per_node or 0,
-        )
-        for r in running
-    ]
-    releases.extend(started)
-    releases.sort(key=itemgetter(0))
-    future = pool.copy()
-    cpus, mem = future.cpus, future.mem
-    need = head.request.cpus
-    total = sum(cpus.values())
-    i, count = 0, len(releases)
-    while i < count:
-        when = releases[i][0]
-        while i < count and releases[i][0] == when:
-            _, held, held_mem = releases[i]
-            for name, n in held:
-                if name not in cpus:
-                    continue  # the node went down or offline: nothing comes back
-                cpus[name] += n
-                total += n
-                free_mem = mem[name]
-                if free_mem is not None:
-                    mem[name] = free_mem + held_mem
-            i += 1
-        # Fewer free CPUs in all than the head needs: no placement can exist yet.
-        if total < need:
-            continue
-        nodes = future.fit(head.request)
-        if nodes is not None:
-            future.take(nodes, head.request)
-            return when, future
-    return None, None
-
-
-def _both(pool: Pool, extra: Pool) -> Pool:
-    """Per node, the lesser of what is free now and what the head leaves over.
-
-    A long job may start there: it fits now and does not touch what the head
-    needs at its shadow time.
-    """
-    both = pool.copy()
-    for name in both.order:
-        both.cpus[name] = min(both.cpus[name], extra.cpus[name])
-        mem, extra_mem = both.mem[name], extra.mem[name]
-        if mem is not None and extra_mem is not None:
-            both.mem[name] = min(mem, extra_mem)
-    return both
+    def __init__(self, order: Order | None = None) -> None:
+        super().__init__(depth=None, order=order)

@@ -1,19 +1,28 @@
-"""The policy contract and the free-resource pool every policy plans with.
+"""The policy contract, and what every policy shares: parameters and reasons.
 
 A policy is a pure function of a snapshot: no IO, no wall clock (``snap.now`` is the
 only time), no state carried between calls, deterministic for a snapshot and its
 parameters. Its decisions are proposals: the server (live) or the simulator
 validates each one against current state and may drop one that no longer fits.
+Policies plan on :class:`~minibatch.policy.profile.Profile` (free resources per
+node over time).
+
+Parameters come as constructor keywords from ``--param k=v`` and
+``[scheduler.params]``: strings or numbers. The ``as_*`` helpers accept both,
+validate, and raise :class:`~minibatch.errors.InvalidArgument` naming the
+parameter.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import ClassVar, Protocol
 
 from minibatch.core.job import JobRequest
-from minibatch.core.snapshot import ClusterSnapshot, Plan
-from minibatch.core.units import humanize_duration
+from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan
+from minibatch.core.units import humanize_duration, parse_duration
+from minibatch.errors import InvalidArgument
 
 
 class Policy(Protocol):
@@ -22,71 +31,103 @@ class Policy(Protocol):
     def plan(self, snap: ClusterSnapshot) -> Plan: ...
 
 
-class Pool:
-    """Free CPUs and memory per node, mutated as a pass places jobs.
-
-    Placement is first fit in node order: a job takes the first ``request.nodes``
-    nodes (in the snapshot's order) that each have ``ppn`` free CPUs and the job's
-    per-node memory. Ties go to the earlier node, so placement is deterministic.
-    """
-
-    __slots__ = ("order", "cpus", "mem")
-
-    def __init__(self, snap: ClusterSnapshot) -> None:
-        self.order: list[str] = []
-        self.cpus: dict[str, int] = {}
-        self.mem: dict[str, int | None] = {}
-        for n in snap.nodes:
-            self.order.append(n.name)
-            self.cpus[n.name] = n.free_cpus
-            self.mem[n.name] = n.free_mem_kb
-
-    def copy(self) -> Pool:
-        other = Pool.__new__(Pool)
-        other.order, other.cpus, other.mem = self.order, dict(self.cpus), dict(self.mem)
-        return other
-
-    def fit(self, req: JobRequest) -> tuple[str, ...] | None:
-        """Nodes for ``req`` now, or None."""
-        mem = mem_per_node(req)
-        ppn, count = req.ppn, req.nodes
-        cpus, mems = self.cpus, self.mem
-        chosen: list[str] = []
-        for name in self.order:
-            if cpus[name] < ppn:
-                continue
-            if mem is not None:
-                free_mem = mems[name]
-                if free_mem is not None and free_mem < mem:
-                    continue
-            chosen.append(name)
-            if len(chosen) == count:
-                return tuple(chosen)
-        return None
-
-    def take(self, nodes: tuple[str, ...], req: JobRequest) -> None:
-        self.give(nodes, -req.ppn, -(mem_per_node(req) or 0))
-
-    def give(self, nodes: tuple[str, ...] | list[str], cpus: int, mem: int) -> None:
-        for name in nodes:
-            if name not in self.cpus:
-                continue  # the node went down or offline: nothing comes back to it
-            self.cpus[name] += cpus
-            free_mem = self.mem[name]
-            if free_mem is not None:
-                self.mem[name] = free_mem + mem
-
-    def free_cpus(self) -> int:
-        return sum(self.cpus.values())
+#: A priority order: the pending jobs of a snapshot, highest priority first.
+Order = Callable[[ClusterSnapshot], Sequence[PendingView]]
 
 
 def mem_per_node(req: JobRequest) -> int | None:
     return None if req.mem_kb is None else -(-req.mem_kb // req.nodes)
 
 
-def waiting_reason(req: JobRequest, pool: Pool) -> str:
+# ---------------------------------------------------------------- parameters
+
+_OFF = ("none", "all", "inf", "infinite", "unlimited")
+
+
+def as_int(
+    name: str, value: object, *, minimum: int = 0, unlimited: bool = False
+) -> int | None:
+    """An integer parameter (``3`` or ``"3"``); with ``unlimited``, also None,
+    ``"none"``/``"all"``/``"inf"``, which return None."""
+    if unlimited and (value is None or str(value).strip().lower() in _OFF):
+        return None
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        number = int(value.strip())
+    if number is None:
+        extra = " or 'all'" if unlimited else ""
+        raise InvalidArgument(
+            f"parameter {name}: expected an integer{extra}, got {value!r}"
+        )
+    if number < minimum:
+        raise InvalidArgument(f"parameter {name}: must be >= {minimum}, got {number}")
+    return number
+
+
+def as_seconds(name: str, value: object) -> float:
+    """A duration: seconds (``86400``, ``"86400"``) or ``"[[DD:]HH:]MM:SS"``."""
+    if isinstance(value, bool):
+        raise InvalidArgument(f"parameter {name}: expected a duration, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            try:
+                seconds = float(parse_duration(text))
+            except InvalidArgument:
+                raise InvalidArgument(
+                    f"parameter {name}: expected seconds or HH:MM:SS, got {value!r}"
+                ) from None
+    else:
+        raise InvalidArgument(f"parameter {name}: expected a duration, got {value!r}")
+    if not seconds >= 0:
+        raise InvalidArgument(f"parameter {name}: must be >= 0, got {value!r}")
+    return seconds
+
+
+def as_bool(name: str, value: object) -> bool:
+    """``true``/``false``, ``yes``/``no``, ``on``/``off``, ``1``/``0``."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise InvalidArgument(f"parameter {name}: expected true or false, got {value!r}")
+
+
+def as_choice(name: str, value: object, choices: Sequence[str]) -> str:
+    """One of ``choices`` (case-insensitive)."""
+    text = str(value).strip().lower()
+    if text not in choices:
+        raise InvalidArgument(
+            f"parameter {name}: expected one of {', '.join(choices)}, got {value!r}"
+        )
+    return text
+
+
+def as_order(name: str, value: object) -> Order | None:
+    if value is None or callable(value):
+        return value
+    raise InvalidArgument(f"parameter {name}: expected a function of a snapshot")
+
+
+# ---------------------------------------------------------------- reasons
+
+
+def waiting_reason(req: JobRequest, widest: int) -> str:
     """Why a job does not fit now, in the user's terms."""
-    return _waiting_text(req.nodes, req.ppn, max(pool.cpus.values(), default=0))
+    return _waiting_text(req.nodes, req.ppn, widest)
 
 
 @lru_cache(maxsize=4096)
@@ -100,3 +141,6 @@ def _waiting_text(nodes: int, ppn: int, widest: int) -> str:
 
 def reserved_reason(base: str, start: float, now: float) -> str:
     return f"{base}; reserved to start in {humanize_duration(start - now)}"
+
+
+NEVER = "no usable node has room for it now"

@@ -14,9 +14,12 @@ sends ``NodeHello``, ``Heartbeat``, ``JobStarted`` and ``JobEnded`` and receives
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from minibatch.core.job import Job, JobResult, JobSpec
+from minibatch.core.reservation import Reservation
 from minibatch.core.snapshot import ClusterSnapshot, Plan
 
 
@@ -125,6 +128,83 @@ class SetNodeOffline(_Msg, frozen=True, kw_only=True, tag="set_node_offline"):
     comment: str = ""
 
 
+# ------------------------------------------------- reservations and policy
+
+
+class SetReservation(_Msg, frozen=True, kw_only=True, tag="set_reservation"):
+    """-> ReservationList (the new one). ``setres``; operators only.
+
+    Exactly one of ``nodes`` (whole nodes by name), ``node_count`` (that many
+    whole nodes) and ``cpus`` (that many CPUs) says what to hold. No ``users``
+    makes a downtime reservation. ``name`` "" lets the server name it.
+    """
+
+    start: float
+    duration: float
+    users: list[str] = []
+    nodes: list[str] = []
+    node_count: int = 0
+    cpus: int = 0
+    name: str = ""
+    comment: str = ""
+
+
+class QueryReservations(_Msg, frozen=True, kw_only=True, tag="query_reservations"):
+    """-> ReservationList. ``showres``; no names means all."""
+
+    names: list[str] = []
+
+
+class ReleaseReservation(_Msg, frozen=True, kw_only=True, tag="release_reservation"):
+    """-> ReservationList (the released ones). ``releaseres``; operators only."""
+
+    names: list[str]
+
+
+class ReservationList(_Msg, frozen=True, kw_only=True, tag="reservation_list"):
+    reservations: list[Reservation]
+    #: The server's clock when it answered.
+    now: float = 0.0
+    #: ``releaseres``: pending jobs cancelled because their reservation went away.
+    cancelled: list[int] = []
+
+
+class SetPolicy(_Msg, frozen=True, kw_only=True, tag="set_policy"):
+    """-> PolicyInfo. ``mb policy set``; operators only. Applies from the next pass."""
+
+    name: str
+    params: dict[str, Any] = {}
+
+
+class GetPolicy(_Msg, frozen=True, kw_only=True, tag="get_policy"):
+    """-> PolicyInfo"""
+
+
+class PolicyInfo(_Msg, frozen=True, kw_only=True, tag="policy_info"):
+    name: str
+    params: dict[str, Any]
+    #: When and by whom it was set ("" and 0: the configuration's default).
+    set_by: str = ""
+    since: float = 0.0
+    #: What the registered scheduler last said it runs.
+    scheduler_policy: str = ""
+    available: list[str] = []
+
+
+class Diagnose(_Msg, frozen=True, kw_only=True, tag="diagnose"):
+    """-> DiagnoseReply: what ``showq``, ``checkjob`` and ``diagnose`` compute from."""
+
+
+class DiagnoseReply(_Msg, frozen=True, kw_only=True, tag="diagnose_reply"):
+    snapshot: ClusterSnapshot
+    policy: str
+    params: dict[str, Any]
+    #: Every job not finished, with its reason and predicted start.
+    jobs: list[Job]
+    #: The ``[fairshare]`` settings: interval, depth, decay, policy.
+    fairshare: dict[str, Any] = {}
+
+
 # ------------------------------------------------------------- scheduler
 
 
@@ -139,11 +219,14 @@ class Wake(_Msg, frozen=True, kw_only=True, tag="wake"):
     """Server -> scheduler: state changed; plan this snapshot. No reply.
 
     Carrying the snapshot saves the scheduler a round trip per pass; without one
-    (``None``) the scheduler asks with ``GetSnapshot``.
+    (``None``) the scheduler asks with ``GetSnapshot``. ``policy`` and ``params``
+    are the policy to plan with (``mb policy set``); "" keeps the scheduler's own.
     """
 
     generation: int
     snapshot: ClusterSnapshot | None = None
+    policy: str = ""
+    params: dict[str, Any] = {}
 
 
 class GetSnapshot(_Msg, frozen=True, kw_only=True, tag="get_snapshot"):
@@ -152,6 +235,8 @@ class GetSnapshot(_Msg, frozen=True, kw_only=True, tag="get_snapshot"):
 
 class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot"):
     snapshot: ClusterSnapshot
+    policy: str = ""
+    params: dict[str, Any] = {}
 
 
 class ApplyPlan(_Msg, frozen=True, kw_only=True, tag="apply_plan"):
@@ -256,6 +341,15 @@ Message = (
     | QueryNodes
     | NodeList
     | SetNodeOffline
+    | SetReservation
+    | QueryReservations
+    | ReleaseReservation
+    | ReservationList
+    | SetPolicy
+    | GetPolicy
+    | PolicyInfo
+    | Diagnose
+    | DiagnoseReply
     | SchedHello
     | Wake
     | GetSnapshot

@@ -12,6 +12,10 @@ seconds: the safety net for anything missed.
 The server validates every start against its current state, so a plan made from a
 snapshot that has since gone stale cannot over-allocate: stale starts are just
 rejected. The scheduler keeps no state between passes.
+
+The policy is the server's to choose (``mb policy set``): each wake and snapshot
+names it, and the scheduler loads a new one (``registry.load``) before the pass
+that first names it. The configuration's policy is only where it starts.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import asyncio
 import logging
 import os
 import time
+from typing import Any
 
 from minibatch import config as configuration
 from minibatch.core.snapshot import ClusterSnapshot
@@ -48,19 +53,51 @@ HELLO_EVERY = 1.0
 
 class Scheduler:
     def __init__(
-        self, endpoint: str, policy: Policy, policy_label: str, interval: float
+        self,
+        endpoint: str,
+        policy: Policy,
+        policy_label: str,
+        interval: float,
+        params: dict[str, Any] | None = None,
     ) -> None:
         self.policy, self.policy_label = policy, policy_label
+        self.params: dict[str, Any] = dict(params or {})
         self.interval = interval
         self.wanted = asyncio.Event()
         self.pushed: ClusterSnapshot | None = None
         self.client = AsyncClient(endpoint, self._on_message)
         self.passes = 0
+        #: A choice that failed to load here, so it is logged once, not per pass.
+        self._refused: tuple[str, dict[str, Any]] | None = None
 
     async def _on_message(self, msg: Message) -> None:
         if isinstance(msg, Wake):
             self.pushed = msg.snapshot
+            self.switch(msg.policy, msg.params)
             self.wanted.set()
+
+    def switch(self, name: str, params: dict[str, Any]) -> None:
+        """Plan with policy ``name`` from now on ("" or the current: no change)."""
+        if not name or (name, params) == (self.policy_label, self.params):
+            return
+        if (name, params) == self._refused:
+            return
+        try:
+            policy = registry.load(name, params)
+        except Exception as exc:
+            # The server loaded it before accepting it; failing here means the
+            # two processes differ (e.g. a package installed in between).
+            self._refused = (name, params)
+            log.error(
+                "cannot switch to policy %s: %s; keeping %s",
+                name,
+                exc,
+                self.policy_label,
+            )
+            return
+        log.info("policy switched from %s to %s %s", self.policy_label, name, params)
+        self.policy, self.policy_label, self.params = policy, name, dict(params)
+        self._refused = None
 
     async def hello(self) -> None:
         await self.client.call(SchedHello(pid=os.getpid(), policy=self.policy_label))
@@ -70,6 +107,7 @@ class Scheduler:
         if snap is None:
             reply: SnapshotReply = await self.client.call(GetSnapshot())
             snap = reply.snapshot
+            self.switch(reply.policy, reply.params)
         t0 = time.perf_counter()
         # Called inline, not in a thread: the scheduler has nothing else to do
         # meanwhile, and wakes that arrive during the pass just set the event.
@@ -144,7 +182,11 @@ async def _serve(paths: configuration.Paths, stop: asyncio.Event) -> None:
     sched = config.scheduler
     policy = registry.load(sched.policy, sched.params)
     scheduler = Scheduler(
-        config.server_endpoint(paths), policy, sched.policy, sched.interval
+        config.server_endpoint(paths),
+        policy,
+        sched.policy,
+        sched.interval,
+        params=sched.params,
     )
     await scheduler.run(stop)
 

@@ -8,11 +8,6 @@ credentials (see :func:`~minibatch.server.submit.parse_peer`). Daemon messages
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
 from minibatch.core.job import PENDING_STATES, Job, JobState
 from minibatch.errors import InvalidArgument, NotFound, PermissionDenied
 from minibatch.protocol.messages import (
@@ -39,48 +34,16 @@ from minibatch.protocol.messages import (
     Submit,
     Submitted,
 )
-from minibatch.server import liveness
+from minibatch.server import admin, liveness
+from minibatch.server.access import Context, Handler, need_caller, need_daemon
 from minibatch.server.state import ServerState
 from minibatch.server.submit import Caller
 
-
-@dataclass
-class Context:
-    """What handlers know besides the state: who may do what, and where things are."""
-
-    owner_uid: int = field(default_factory=os.getuid)
-    operators: frozenset[str] = frozenset()
-    endpoint: str = ""
-    mqtt_url: str = ""
-    pid: int = field(default_factory=os.getpid)
-
-    def is_daemon(self, caller: Caller | None) -> bool:
-        return caller is not None and caller.uid in (0, self.owner_uid)
-
-    def is_operator(self, caller: Caller | None) -> bool:
-        return self.is_daemon(caller) or (
-            caller is not None and caller.user in self.operators
-        )
-
-
-Handler = Callable[[ServerState, Context, Caller | None, bytes, Any], Message | None]
-
-
-def _need_caller(caller: Caller | None) -> Caller:
-    if caller is None:
-        raise PermissionDenied(
-            "requests must come over the local socket (no credentials)"
-        )
-    return caller
-
-
-def _need_daemon(ctx: Context, caller: Caller | None) -> None:
-    if not ctx.is_daemon(caller):
-        raise PermissionDenied("only the cluster's own daemons may send this message")
+__all__ = ["HANDLERS", "Context", "Handler"]
 
 
 def _may_control(ctx: Context, caller: Caller | None, job: Job) -> None:
-    c = _need_caller(caller)
+    c = need_caller(caller)
     if c.uid != job.uid and not ctx.is_operator(c):
         raise PermissionDenied(
             f"job {job.display_id} belongs to {job.user}, not {c.user}"
@@ -97,7 +60,7 @@ def status(
         pid=ctx.pid,
         endpoint=ctx.endpoint,
         mqtt_url=ctx.mqtt_url,
-        policy=state.policy_name,
+        policy=state.policy.name,
         nodes={n.name: n.state.value for n in state.nodes.nodes.values()},
         scheduler_pid=state.scheduler_pid,
         jobs=counts,
@@ -107,7 +70,7 @@ def status(
 def submit(
     state: ServerState, ctx: Context, caller: Caller | None, ident: bytes, msg: Submit
 ) -> Message:
-    jobs = state.submit(msg.spec, _need_caller(caller))
+    jobs = state.submit(msg.spec, need_caller(caller))
     display = f"{jobs[0].id}[]" if msg.spec.array else str(jobs[0].id)
     return Submitted(ids=[j.id for j in jobs], display=display)
 
@@ -229,10 +192,11 @@ def sched_hello(
     ident: bytes,
     msg: SchedHello,
 ) -> Message:
-    _need_daemon(ctx, caller)
+    need_daemon(ctx, caller)
+    state.policy_name = msg.policy  # what it runs now (it may have switched)
     if (state.scheduler, state.scheduler_pid) == (ident, msg.pid):
-        return Ok()  # the same scheduler checking in: nothing changes
-    state.scheduler, state.scheduler_pid, state.policy_name = ident, msg.pid, msg.policy
+        return Ok()  # the same scheduler checking in: nothing else changes
+    state.scheduler, state.scheduler_pid = ident, msg.pid
     state.plan_pending_since = None
     state.wake = True
     return Ok()
@@ -245,10 +209,12 @@ def get_snapshot(
     ident: bytes,
     msg: GetSnapshot,
 ) -> Message:
-    _need_daemon(ctx, caller)
+    need_daemon(ctx, caller)
     snap = state.snapshot()
     state.plan_pending_since = snap.now
-    return SnapshotReply(snapshot=snap)
+    return SnapshotReply(
+        snapshot=snap, policy=state.policy.name, params=state.policy.params
+    )
 
 
 def apply_plan(
@@ -258,7 +224,7 @@ def apply_plan(
     ident: bytes,
     msg: ApplyPlan,
 ) -> Message:
-    _need_daemon(ctx, caller)
+    need_daemon(ctx, caller)
     started: list[int] = []
     rejected: dict[int, str] = {}
     for start in msg.plan.starts:
@@ -279,7 +245,7 @@ def node_hello(
     ident: bytes,
     msg: NodeHello,
 ) -> Message:
-    _need_daemon(ctx, caller)
+    need_daemon(ctx, caller)
     liveness.hello(state, msg, ident)
     return Ok()
 
@@ -291,7 +257,7 @@ def heartbeat(
     ident: bytes,
     msg: Heartbeat,
 ) -> Message:
-    _need_daemon(ctx, caller)
+    need_daemon(ctx, caller)
     liveness.heartbeat(state, msg, ident)
     return Ok()
 
@@ -303,7 +269,7 @@ def job_started(
     ident: bytes,
     msg: JobStarted,
 ) -> Message:
-    _need_daemon(ctx, caller)
+    need_daemon(ctx, caller)
     job = state.jobs.get(msg.job)
     if job is not None and job.state in (JobState.RUNNING, JobState.EXITING):
         # The start that counts is when the process exists, not when it was planned.
@@ -316,7 +282,7 @@ def job_started(
 def job_ended(
     state: ServerState, ctx: Context, caller: Caller | None, ident: bytes, msg: JobEnded
 ) -> Message:
-    _need_daemon(ctx, caller)
+    need_daemon(ctx, caller)
     job = state.jobs.get(msg.job)
     if job is not None and job.state in (JobState.RUNNING, JobState.EXITING):
         state.job_ended(
@@ -347,4 +313,5 @@ HANDLERS: dict[type, Handler] = {
     Heartbeat: heartbeat,
     JobStarted: job_started,
     JobEnded: job_ended,
+    **admin.HANDLERS,
 }

@@ -8,6 +8,7 @@ predictable) and refuses anything that does not fit right now.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Protocol
 
 import msgspec
 
@@ -94,6 +95,18 @@ class Node(msgspec.Struct, kw_only=True):
         )
 
 
+class CpuChooser(Protocol):
+    """Which free CPUs of a node one job may take (e.g. outside reservations)."""
+
+    def cpus(self, node: Node) -> list[int]:
+        """The CPUs the job may use, in order of preference."""
+        ...
+
+    def shortfall(self, node: Node, ppn: int, usable: int) -> str:
+        """Why ``node`` cannot take the job: only ``usable`` of ``ppn`` CPUs."""
+        ...
+
+
 class NodeRegistry:
     def __init__(self, nodes: list[Node]) -> None:
         self.nodes: dict[str, Node] = {n.name: n for n in nodes}
@@ -127,9 +140,16 @@ class NodeRegistry:
         )
 
     def allocate(
-        self, job: int, names: tuple[str, ...], req: JobRequest
+        self,
+        job: int,
+        names: tuple[str, ...],
+        req: JobRequest,
+        chooser: CpuChooser | None = None,
     ) -> list[Allocation] | str:
-        """Allocate ``req.ppn`` CPUs on each named node, or say why not (no change)."""
+        """Allocate ``req.ppn`` CPUs on each named node, or say why not (no change).
+
+        CPUs come from ``chooser`` (in its order) when given, else lowest free first.
+        """
         if len(names) != req.nodes or len(set(names)) != len(names):
             return f"needs {req.nodes} distinct nodes, plan gave {list(names)}"
         mem = mem_per_node(req)
@@ -142,10 +162,18 @@ class NodeRegistry:
             free_mem = node.free_mem_kb()
             if mem is not None and free_mem is not None and free_mem < mem:
                 return f"node {name} has less than {mem} KB of free memory"
+        picked: dict[str, list[int]] = {}
+        for name in names:
+            node = self.nodes[name]
+            usable = node.free_cpus() if chooser is None else chooser.cpus(node)
+            if len(usable) < req.ppn:
+                assert chooser is not None
+                return chooser.shortfall(node, req.ppn, len(usable))
+            picked[name] = usable[: req.ppn]
         allocs = []
         for name in names:
             node = self.nodes[name]
-            cpus = node.free_cpus()[: req.ppn]
+            cpus = sorted(picked[name])
             for cpu in cpus:
                 node.used[cpu] = job
             if mem is not None:
@@ -163,6 +191,13 @@ class NodeRegistry:
                     del node.used[cpu]
             node.mem_used.pop(job, None)
             node.misses.pop(job, None)
+
+    def totals(self) -> tuple[int, int | None]:
+        """CPUs and memory (KB, None if any node is unlimited) of the usable nodes."""
+        usable = [n for n in self.nodes.values() if n.usable]
+        mems = [n.mem_kb for n in usable]
+        mem = None if None in mems or not mems else sum(m for m in mems if m)
+        return sum(len(n.cpus) for n in usable), mem
 
     def views(self) -> tuple[NodeView, ...]:
         return tuple(n.view() for n in self.nodes.values() if n.usable)

@@ -28,7 +28,7 @@ from minibatch.events.publisher import EventPublisher
 from minibatch.net.driver import Frames, SocketDriver
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import Error
-from minibatch.server import liveness
+from minibatch.server import booking, liveness
 from minibatch.server.handlers import HANDLERS, Context
 from minibatch.server.state import ServerState
 from minibatch.server.store import Store
@@ -38,6 +38,8 @@ log = logging.getLogger("minibatch.server")
 
 #: Requests handled per commit at most; bounds reply latency under a flood.
 BATCH = 512
+#: Seconds after a reservation boundary that its pass runs (so it sees the change).
+BOUNDARY_SLACK = 0.005
 
 
 class Server:
@@ -47,18 +49,28 @@ class Server:
         self.paths, self.config = paths, config
         self.endpoint = config.server_endpoint(paths)
         store = Store(paths.database, config.server.sqlite_synchronous)
-        self.state = ServerState(store)
+        self.state = ServerState(store, config=config)
         url = configuration.mqtt_url(paths, config)
+        fs = config.fairshare.usage_config()
         self.ctx = Context(
             operators=frozenset(config.server.operators),
             endpoint=self.endpoint,
             mqtt_url=url,
+            fairshare={
+                "policy": fs.policy.value,
+                "interval": fs.interval,
+                "depth": fs.depth,
+                "decay": fs.decay,
+            },
         )
         self.publisher = EventPublisher(url, config.mqtt.topic_prefix)
         self.driver: SocketDriver | None = None
         self.coalesce = config.scheduler.coalesce_ms / 1000
         self._last_wake = 0.0
         self._wake_timer: asyncio.TimerHandle | None = None
+        #: The next reservation start or end, and the timer armed for it.
+        self._boundary: float | None = None
+        self._boundary_timer: asyncio.TimerHandle | None = None
 
     def handle(self, frames: Frames) -> bytes | None:
         """One request in, at most one encoded reply out; never raises."""
@@ -97,6 +109,27 @@ class Server:
             self.publisher.publish(topic, payload)
         state.events.clear()
         self._wake_scheduler()
+        self._arm_boundary()
+
+    def _arm_boundary(self) -> None:
+        """Keep a timer on the next reservation start or end: a pass is due then
+        (jobs may start in a reservation that begins, or on CPUs one frees)."""
+        when = self.state.reservations.next_boundary(time.time())
+        if when == self._boundary:
+            return
+        if self._boundary_timer is not None:
+            self._boundary_timer.cancel()
+            self._boundary_timer = None
+        self._boundary = when
+        if when is not None:
+            delay = max(0.0, when - time.time()) + BOUNDARY_SLACK
+            loop = asyncio.get_running_loop()
+            self._boundary_timer = loop.call_later(delay, self._on_boundary)
+
+    def _on_boundary(self) -> None:
+        self._boundary_timer, self._boundary = None, None
+        booking.tick(self.state)
+        self.flush()
 
     def _wake_scheduler(self) -> None:
         """Push a snapshot to the scheduler, at most one per ``coalesce`` seconds.
@@ -144,12 +177,22 @@ class Server:
             # Any local user may submit; identity comes from peer credentials.
             os.chmod(self.endpoint[len("ipc://") :], 0o777)
         self.driver = SocketDriver(sock, self.on_batch, BATCH)
-        log.info("serving on %s (%d active jobs)", self.endpoint, len(self.state.jobs))
+        log.info(
+            "serving on %s (%d active jobs, %d reservations, policy %s)",
+            self.endpoint,
+            len(self.state.jobs),
+            len(self.state.reservations),
+            self.state.policy.name,
+        )
+        booking.tick(self.state)  # reservations that ended while we were down
+        self.flush()
         tasks = [
             asyncio.create_task(self.publisher.run()),
             asyncio.create_task(self._watch_nodes()),
         ]
         await stop.wait()
+        if self._boundary_timer is not None:
+            self._boundary_timer.cancel()
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -169,6 +212,7 @@ class Server:
         while True:
             await asyncio.sleep(interval)
             liveness.check_nodes(self.state, self.config.server.node_timeout)
+            booking.tick(self.state)  # the boundary timer's safety net
             # Also retries a wake held back by a plan that never came back.
             self.flush()
 

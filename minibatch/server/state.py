@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from minibatch.config import Config
 from minibatch.core.job import (
     ACTIVE_STATES,
     PENDING_STATES,
@@ -26,13 +27,17 @@ from minibatch.core.job import (
     dependency_outcome,
     transition,
 )
-from minibatch.core.snapshot import ClusterSnapshot, RunningView
+from minibatch.core.snapshot import ClusterSnapshot
 from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import Kill, Launch, Message, Wake
+from minibatch.server import booking, views
+from minibatch.server.history import UsageHistory
 from minibatch.server.nodes import Node, NodeRegistry
+from minibatch.server.qos import QosTable
 from minibatch.server.queue import PendingQueue
 from minibatch.server.records import job_event, launch_spec
+from minibatch.server.reservations import JobCpus, ReservationBook
 from minibatch.server.store import Store
 from minibatch.server.submit import Caller, build_jobs, check_spec
 
@@ -41,7 +46,13 @@ LOST_AFTER_MISSES = 3
 
 
 class ServerState:
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], float] = time.time,
+        config: Config | None = None,
+    ) -> None:
+        config = config or Config()
         self.store = store
         self.clock = clock
         self.jobs: dict[int, Job] = {}
@@ -51,7 +62,11 @@ class ServerState:
         self.generation = 0
         self.scheduler: bytes | None = None
         self.scheduler_pid: int | None = None
+        #: The policy the scheduler says it runs.
         self.policy_name = ""
+        #: The policy it should run: ``mb policy set``, else the configuration's.
+        self.policy = booking.load_policy(store, config)
+        self.qos = QosTable(config)
         self.queue = PendingQueue()
         #: Running and exiting jobs (they hold resources).
         self.active: set[int] = set()
@@ -71,8 +86,15 @@ class ServerState:
             node.route = b""
             node.last_heartbeat = now
         self.nodes = NodeRegistry(nodes)
+        self.reservations = ReservationBook(store.load_reservations())
+        self.reservations.started = {
+            r.name for r in self.reservations if r.start <= now
+        }
+        self.history = UsageHistory(store, config.fairshare, now, self.nodes.totals)
         for job in store.load_jobs():
             self._index(job)
+            if job.state in ACTIVE_STATES:
+                self.qos.started(job)
             for alloc in job.alloc:
                 holder = self.nodes.nodes.get(alloc.node)
                 if holder is not None:
@@ -164,42 +186,18 @@ class ServerState:
         self.wake = False
         snap = self.snapshot()
         self.plan_pending_since = snap.now
-        return Wake(generation=self.generation, snapshot=snap)
+        return Wake(
+            generation=self.generation,
+            snapshot=snap,
+            policy=self.policy.name,
+            params=self.policy.params,
+        )
 
     # ------------------------------------------------------------- lookup
 
     def select(self, selector: str, *, finished: bool = True) -> list[Job]:
         """Jobs named by ``7``, ``7.host``, ``7[]`` (whole array) or ``7[2]``."""
-        text = selector.strip().split(".", 1)[0]
-        base, bracket, rest = text.partition("[")
-        if not base.isdigit() or (bracket and not rest.endswith("]")):
-            raise InvalidArgument(f"malformed job id {selector!r}")
-        jid, index = int(base), rest[:-1] if bracket else None
-        if index == "":
-            found = [self.jobs[i] for i in self.arrays.get(jid, [])]
-            if finished:
-                found += self.store.finished_in_array(jid)
-            found.sort(key=lambda j: j.id)
-        elif index is not None:
-            if not index.isdigit():
-                raise InvalidArgument(f"malformed array index in {selector!r}")
-            found = [
-                j
-                for j in self._array_tasks(jid, finished)
-                if j.array_index == int(index)
-            ]
-        else:
-            job = self.jobs.get(jid) or (
-                self.store.is_finished(jid) if finished else None
-            )
-            found = [job] if job is not None else []
-        if not found:
-            raise NotFound(f"unknown job id {selector}")
-        return found
-
-    def _array_tasks(self, array_id: int, finished: bool) -> list[Job]:
-        tasks = [self.jobs[i] for i in self.arrays.get(array_id, [])]
-        return tasks + (self.store.finished_in_array(array_id) if finished else [])
+        return views.select(self, selector, finished=finished)
 
     # ---------------------------------------------------------- submission
 
@@ -208,6 +206,12 @@ class ServerState:
         why = self.nodes.feasible(spec.request)
         if why is not None:
             raise InfeasibleRequest(f"job can never run: {why}")
+        qos = self.qos.resolve(spec.qos)
+        self.qos.check_walltime(qos, spec.request.walltime)
+        if spec.advres:
+            booking.check_advres(self, spec.advres, caller.user, spec.request)
+        if qos != spec.qos:
+            spec = msgspec.structs.replace(spec, qos=qos)
         outcomes: list[bool | None] = []
         for dep in spec.depends:
             target = self.jobs.get(dep.job)
@@ -311,6 +315,9 @@ class ServerState:
         why = self.nodes.feasible(request)
         if why is not None:
             raise InfeasibleRequest(f"job could never run: {why}")
+        self.qos.check_walltime(job.qos, request.walltime)
+        if job.advres:
+            booking.check_advres(self, job.advres, job.user, request)
         job.name, job.request = new_name, request
         self.queue.discard(job.id)
         self.queue.add(job)
@@ -321,38 +328,28 @@ class ServerState:
     # --------------------------------------------------------- scheduling
 
     def snapshot(self) -> ClusterSnapshot:
+        """What the policy plans from (see :func:`views.snapshot`)."""
         now = self.clock()
-        running = []
-        for jid in self.active:
-            job = self.jobs[jid]
-            running.append(
-                RunningView(
-                    id=job.id,
-                    user=job.user,
-                    nodes=tuple((a.node, len(a.cpus)) for a in job.alloc),
-                    mem_kb_per_node=mem_per_node(job.request),
-                    start_time=job.start_time or now,
-                    walltime=job.request.walltime,
-                )
-            )
-        running.sort(key=lambda r: r.id)
         self.snapshot_time = now
-        return ClusterSnapshot(
-            now=now,
-            generation=self.generation,
-            nodes=self.nodes.views(),
-            running=tuple(running),
-            pending=self.queue.ordered(),
-        )
+        return views.snapshot(self, now)
 
     def start(self, job_id: int, names: tuple[str, ...]) -> str | None:
         """Validate and apply one start decision; the reason it is refused, or None."""
         job = self.jobs.get(job_id)
         if job is None or job.state is not JobState.QUEUED:
             return f"job {job_id} is not queued"
-        allocs = self.nodes.allocate(job.id, names, job.request)
+        if self.qos.blocks(job.user, job.qos):
+            return self.qos.reason(job.user, job.qos)
+        chooser = None
+        if self.reservations.by_name or job.advres:
+            chooser = JobCpus(self.reservations, job, self.clock())
+            refusal = chooser.refusal()
+            if refusal is not None:
+                return refusal
+        allocs = self.nodes.allocate(job.id, names, job.request, chooser)
         if isinstance(allocs, str):
             return allocs
+        self.qos.started(job)
         self._move(job, JobState.RUNNING)
         job.alloc, job.start_time, job.reason = allocs, self.clock(), ""
         job.predicted_start = None
@@ -366,6 +363,9 @@ class ServerState:
         """Fill a queued job's reason and predicted start from the last plan."""
         if job.state is JobState.QUEUED:
             self.queue.explain(job)
+            blocked = self.qos.reason(job.user, job.qos)
+            if blocked:
+                job.reason, job.predicted_start = blocked, None
 
     # --------------------------------------------------------------- ends
 
@@ -393,8 +393,12 @@ class ServerState:
         end_time: float | None = None,
         comment: str = "",
     ) -> None:
+        was_active = job.state in ACTIVE_STATES
         self._move(job, JobState.FINISHED)
         job.result, job.end_time = result, end_time or self.clock()
+        if was_active:
+            self.qos.ended(job)
+            self.history.job_ended(job)
         job.reason, job.predicted_start = "", None
         if comment:
             job.comment = comment

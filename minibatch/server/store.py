@@ -2,7 +2,9 @@
 
 Tables: ``jobs`` (every job not yet finished), ``accounting`` (one row per finished
 job, with the columns accounting queries filter on), ``job_events`` (each job's
-event log), ``nodes`` and ``meta`` (the next job id). Each record is stored as a
+event log), ``nodes``, ``reservations`` (advance reservations not yet over),
+``settings`` (e.g. the scheduling policy set with ``mb policy set``) and ``meta``
+(counters: the next job id, the next reservation number). Each record is stored as a
 msgpack blob of the model struct beside the columns we query by, so the model can
 grow without schema migrations.
 
@@ -21,6 +23,7 @@ from typing import Any
 import msgspec
 
 from minibatch.core.job import Job
+from minibatch.core.reservation import Reservation
 from minibatch.server.nodes import Node
 
 _SCHEMA = """
@@ -37,11 +40,14 @@ CREATE TABLE IF NOT EXISTS job_events (
     event TEXT NOT NULL, detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS job_events_job ON job_events (job);
 CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS reservations (name TEXT PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, data BLOB NOT NULL);
 """
 
 _enc = msgspec.msgpack.Encoder()
 _job = msgspec.msgpack.Decoder(Job)
 _node = msgspec.msgpack.Decoder(Node)
+_resv = msgspec.msgpack.Decoder(Reservation)
 
 
 class Store:
@@ -59,6 +65,10 @@ class Store:
         self._nodes: dict[str, Node] = {}
         self._events: list[tuple[int, float, str, str]] = []
         self._next_id: int | None = None
+        #: Reservation name -> the reservation to write, or None to delete it.
+        self._resv: dict[str, Reservation | None] = {}
+        self._settings: dict[str, Any] = {}
+        self._counters: dict[str, int] = {}
 
     # ------------------------------------------------------------- loading
 
@@ -71,8 +81,27 @@ class Store:
         return [_node.decode(r[0]) for r in self._db.execute("SELECT data FROM nodes")]
 
     def next_id(self) -> int:
-        row = self._db.execute("SELECT value FROM meta WHERE key='next_id'").fetchone()
+        return self.counter("next_id")
+
+    def counter(self, key: str) -> int:
+        """A counter kept in ``meta`` (1 when never set)."""
+        if key in self._counters:
+            return self._counters[key]
+        row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return int(row[0]) if row else 1
+
+    def load_reservations(self) -> list[Reservation]:
+        rows = self._db.execute("SELECT data FROM reservations ORDER BY name")
+        return [_resv.decode(r[0]) for r in rows]
+
+    def setting(self, key: str) -> Any:
+        """A stored setting (any msgpack value), or None."""
+        if key in self._settings:
+            return self._settings[key]
+        row = self._db.execute(
+            "SELECT data FROM settings WHERE key = ?", (key,)
+        ).fetchone()
+        return msgspec.msgpack.decode(row[0]) if row else None
 
     # ------------------------------------------------------ queued writes
 
@@ -92,11 +121,29 @@ class Store:
     def set_next_id(self, value: int) -> None:
         self._next_id = value
 
+    def set_counter(self, key: str, value: int) -> None:
+        self._counters[key] = value
+
+    def put_reservation(self, resv: Reservation) -> None:
+        self._resv[resv.name] = resv
+
+    def delete_reservation(self, name: str) -> None:
+        self._resv[name] = None
+
+    def put_setting(self, key: str, value: Any) -> None:
+        self._settings[key] = value
+
     @property
     def dirty(self) -> bool:
-        return bool(self._jobs or self._finished or self._nodes or self._events) or (
-            self._next_id is not None
-        )
+        return bool(
+            self._jobs
+            or self._finished
+            or self._nodes
+            or self._events
+            or self._resv
+            or self._settings
+            or self._counters
+        ) or (self._next_id is not None)
 
     def commit(self) -> None:
         """Write everything queued in one transaction."""
@@ -138,6 +185,7 @@ class Store:
                     "INSERT OR REPLACE INTO nodes (name, data) VALUES (?, ?)",
                     [(n.name, _enc.encode(n)) for n in self._nodes.values()],
                 )
+            self._commit_extras(db)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -147,6 +195,28 @@ class Store:
         self._nodes.clear()
         self._events.clear()
         self._next_id = None
+        self._resv.clear()
+        self._settings.clear()
+        self._counters.clear()
+
+    def _commit_extras(self, db: sqlite3.Connection) -> None:
+        """Reservations, settings and counters (inside :meth:`commit`'s transaction)."""
+        for name, resv in self._resv.items():
+            if resv is None:
+                db.execute("DELETE FROM reservations WHERE name = ?", (name,))
+            else:
+                db.execute(
+                    "INSERT OR REPLACE INTO reservations (name, data) VALUES (?, ?)",
+                    (name, _enc.encode(resv)),
+                )
+        db.executemany(
+            "INSERT OR REPLACE INTO settings (key, data) VALUES (?, ?)",
+            [(k, _enc.encode(v)) for k, v in self._settings.items()],
+        )
+        db.executemany(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+            list(self._counters.items()),
+        )
 
     # ----------------------------------------------------------- queries
     # Each query commits queued writes first, so it sees what this batch changed.
@@ -174,6 +244,17 @@ class Store:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id"
         return [_job.decode(r[0]) for r in self._db.execute(sql, args)]
+
+    def latest_per_user(self, limit: int) -> list[Job]:
+        """Each user's ``limit`` most recently finished jobs, oldest first."""
+        self.commit()
+        rows = self._db.execute(
+            "SELECT data FROM (SELECT data, end_time, id, ROW_NUMBER() OVER"
+            " (PARTITION BY user ORDER BY end_time DESC, id DESC) AS n"
+            " FROM accounting) WHERE n <= ? ORDER BY end_time, id",
+            (limit,),
+        )
+        return [_job.decode(r[0]) for r in rows]
 
     def finished_in_array(self, array_id: int) -> list[Job]:
         self.commit()

@@ -20,6 +20,13 @@ Speed comes from sharing, not from a special policy API: each job's
 start; the queue and the running set are insertion-ordered dicts, and a snapshot
 gets read-only *views* of them (:class:`RecordView`), so a pass never copies or
 re-sorts the queue. A view refuses to be read after the simulator has moved on.
+
+Usage and accuracy: a policy that declares ``needs`` ("fairshare", "accuracy"; see
+:mod:`minibatch.policy.ordered`) gets ``snap.fairshare`` (decayed usage per user
+and group, from a :class:`~minibatch.core.usage.UsageLedger` fed with every start
+and end, under the policy's ``fairshare_config``) and ``snap.accuracy`` (each
+user's last 10 run/requested ratios, updated at every end), exactly as the server
+computes them. Other policies pay nothing for it.
 """
 
 from __future__ import annotations
@@ -29,7 +36,20 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Generic, NamedTuple, TypeVar, overload
 
-from minibatch.core.snapshot import ClusterSnapshot, NodeView, PendingView, RunningView
+from minibatch.core.snapshot import (
+    ClusterSnapshot,
+    FairshareView,
+    NodeView,
+    PendingView,
+    RunningView,
+)
+from minibatch.core.usage import (
+    AccuracyLedger,
+    FairshareConfig,
+    FsPolicy,
+    UsageLedger,
+    processor_equivalent,
+)
 from minibatch.policy.base import Policy, mem_per_node
 from minibatch.sim.machine import Machine
 from minibatch.sim.swf import TraceJob
@@ -144,6 +164,11 @@ class Simulator:
         self.kill_at_walltime = kill_at_walltime
         self.progress = progress
         self.stats = SimStats(0, 0, 0)
+        self.needs: frozenset[str] = getattr(policy, "needs", frozenset())
+        config = getattr(policy, "fairshare_config", None)
+        self.fairshare_config: FairshareConfig = (
+            config if isinstance(config, FairshareConfig) else FairshareConfig()
+        )
 
     def run(self) -> list[Outcome]:
         """Simulate to the end; one :class:`Outcome` per job, in submission order."""
@@ -178,6 +203,14 @@ class Simulator:
         progress = self.progress
         next_report = 4096
         arrived = 0
+        # Accounting, only for a policy that reads it.
+        fs_cfg = self.fairshare_config
+        ledger = UsageLedger(fs_cfg) if "fairshare" in self.needs else None
+        pe = fs_cfg.policy is FsPolicy.DEDICATEDPES
+        procs, mem_total = self.machine.procs, self.machine.mem_kb
+        history = AccuracyLedger() if "accuracy" in self.needs else None
+        accounting = ledger is not None or history is not None
+        no_usage = FairshareView()
         instants = passes = 0
         while arrived < total or ends:
             if ends and (arrived >= total or ends[0][0] <= jobs[arrived].submit):
@@ -187,8 +220,13 @@ class Simulator:
             instants += 1
             # 1. Ends first: CPUs freed at an instant are usable by arrivals at it.
             while ends and ends[0][0] <= now:
-                _, jid = heapq.heappop(ends)
+                end, jid = heapq.heappop(ends)
                 done = running.pop(jid)
+                if accounting:
+                    if ledger is not None:
+                        ledger.end(jid, end)
+                    if history is not None:
+                        history.record(done.user, end - done.start_time, done.walltime)
                 mem = done.mem_kb_per_node
                 for name, cpus in done.nodes:
                     free[name] += cpus
@@ -228,13 +266,24 @@ class Simulator:
                     )
                 node_views = tuple(views.values())
                 dirty.clear()
-            snap = ClusterSnapshot(
-                now=now,
-                generation=clock.version,
-                nodes=node_views,
-                running=RecordView(running, clock),
-                pending=RecordView(queue, clock),
-            )
+            if accounting:
+                snap = ClusterSnapshot(
+                    now=now,
+                    generation=clock.version,
+                    nodes=node_views,
+                    running=RecordView(running, clock),
+                    pending=RecordView(queue, clock),
+                    fairshare=no_usage if ledger is None else ledger.view(now),
+                    accuracy={} if history is None else history.view(),
+                )
+            else:
+                snap = ClusterSnapshot(
+                    now=now,
+                    generation=clock.version,
+                    nodes=node_views,
+                    running=RecordView(running, clock),
+                    pending=RecordView(queue, clock),
+                )
             plan = policy_plan(snap)
             passes += 1
             clock.version += 1  # the snapshot's views are stale from here on
@@ -262,7 +311,22 @@ class Simulator:
                     mem_kb_per_node=mem,
                     start_time=now,
                     walltime=req.walltime,
+                    gpus_per_node=req.gpus,
+                    advres=pending.advres,
+                    group=pending.group,
+                    account=pending.account,
+                    qos=pending.qos,
                 )
+                if ledger is not None:
+                    held_cpus = req.ppn * len(names)
+                    rate = (
+                        processor_equivalent(held_cpus, req.mem_kb, procs, mem_total)
+                        if pe
+                        else float(held_cpus)
+                    )
+                    ledger.start(
+                        jid, pending.user, pending.group, pending.account, rate, now
+                    )
                 run = by_id[jid].run_time
                 if kill and run > req.walltime:
                     run = float(req.walltime)

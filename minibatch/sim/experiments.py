@@ -11,6 +11,12 @@ Trace files are looked up by name in ``$MB_TRACES`` (directories separated by
 directory, one folder per workload with a folder per policy (``jobs.csv``,
 ``summary.json``), the comparison plots, and ``results.md`` with the table and
 the command that made it.
+
+An experiment's policies are labels: a label in ``variants`` names a policy and
+its parameters (``"fairshare-fifo": ("fairshare", {"backfill": False})``), any
+other label is a policy name. The paper reproductions on synthetic workloads
+(seed 004's job mix, seed 000's PSP scenarios) have their own ``runner``
+(:mod:`minibatch.sim.paper_bode`, :mod:`minibatch.sim.paper_psp`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from minibatch.errors import InvalidArgument
+from minibatch.metrics import eet as eet_metrics
+from minibatch.metrics.summary import percentile
 from minibatch.metrics.table import compare_table, grid, number
+from minibatch.sim import paper_bode, paper_psp
 from minibatch.sim.compare import compare_plots
 from minibatch.sim.engine import Progress
 from minibatch.sim.runner import (
@@ -32,6 +41,7 @@ from minibatch.sim.runner import (
     SimRun,
     Workload,
     load,
+    policy_ref,
     simulate,
     write_run,
     write_summary,
@@ -65,6 +75,61 @@ class Experiment:
     seeds: tuple[int, ...] = ()
     window: int | None = None
     params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: label -> (policy, parameters).
+    variants: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    #: A synthetic experiment: (output dir, progress, say) -> (results, text).
+    runner: Runner | None = None
+    #: Text appended to each workload's section: (labels, runs) -> text.
+    extra: Callable[[list[str], list[SimRun]], str] | None = None
+
+
+Runner = Callable[
+    [Path, Progress | None, Callable[[str], None]], tuple[dict[str, Any], str]
+]
+
+
+def _veet_text(labels: list[str], runs: list[SimRun]) -> str:
+    """Seed 001's Fig. 6 in numbers: VEET_u and WT_u over users."""
+    rows = []
+    for label, run in zip(labels, runs, strict=True):
+        users = eet_metrics.per_user(run.records, run.eet)
+        veet = sorted(u.veet_pct for u in users)
+        wt = sorted(u.wt_cpu_s for u in users)
+        fair = sum(1 for v in veet if v <= 35.0)
+        rows.append(
+            [
+                label,
+                *(number(percentile(veet, q)) for q in (50, 75, 90)),
+                f"{100 * fair / len(veet):.0f} %",
+                str(sum(1 for v in veet if v >= 100.0)),
+                *(number(percentile(wt, q)) for q in (75, 90)),
+                f"{sum(wt):.3g}",
+            ]
+        )
+    head = ["", "VEET_u median", "p75", "p90", "users <= 35 %", "users at 100 %"]
+    head += ["WT_u p75", "WT_u p90", "WT total"]
+    return (
+        f"Per user ({len(veet)} users; seed 001, Fig. 6):\n\n```\n"
+        + grid(head, rows)
+        + "```\n\n"
+    )
+
+
+def _bode(
+    out: Path, progress: Progress | None, say: Callable[[str], None]
+) -> tuple[dict[str, Any], str]:
+    return paper_bode.run_bode(out, tuple(range(1, 21)), progress)
+
+
+def _psp(
+    out: Path, progress: Progress | None, say: Callable[[str], None]
+) -> tuple[dict[str, Any], str]:
+    return paper_psp.run_psp(out, (1, 2, 3, 4), PSP_PROCS, PSP_LOAD, progress, say)
+
+
+#: The PSP scenarios' machine and offered load (docs/results.md says why).
+PSP_PROCS = 128
+PSP_LOAD = 1.1
 
 
 EXPERIMENTS: dict[str, Experiment] = {
@@ -111,18 +176,76 @@ EXPERIMENTS: dict[str, Experiment] = {
             seeds=tuple(range(1, 11)),
             window=5000,
         ),
+        Experiment(
+            name="fairshare-eet",
+            title="fifo / fairshare fifo / backfill / fairshare + backfill (seed 001)",
+            description=(
+                "Toth & Klusacek's comparison (seed 001, Fig. 5-7): strict FIFO and "
+                "EASY, each without and with Maui fairshare priorities (`fairshare`: "
+                "every user aimed at an equal share, usage in dedicated CPU-seconds "
+                "over 8 windows of 12 h, no decay), scored with the classic metrics "
+                "and with VEET_u / WT_u and the violated-EET heatmaps. The paper "
+                "used 5 months of MetaCentrum's zewura cluster (17,250 jobs, 70 "
+                "users); we use MetaCentrum wagap-2013 on its 68 nodes with memory "
+                "(17,897 jobs, 75 users) and the SDSC-SP2 log."
+            ),
+            workloads=(
+                WorkloadSpec(
+                    "metacentrum-nodes",
+                    WAGAP,
+                    MachineSpec(machines_file=WAGAP_MACHINES),
+                    mem_unit=MemoryUnit.BYTES_PER_JOB,
+                    note="nodes and memory from the Alea .machines file",
+                ),
+                WorkloadSpec("sdsc-sp2", SDSC, MachineSpec(procs=128)),
+            ),
+            policies=("fifo", "fairshare-fifo", "easy", "fairshare-easy"),
+            variants={
+                "fairshare-fifo": ("fairshare", {"backfill": False}),
+                "fairshare-easy": ("fairshare", {}),
+            },
+            extra=_veet_text,
+        ),
+        Experiment(
+            name="bode-mix",
+            title="PBS FIFO vs Maui on seed 004's 76-job mix",
+            description=(
+                "Bode et al. (seed 004, Table 1): the total run time of a 76-job "
+                "mix on 64 CPUs under PBS FIFO, Maui and Maui without backfill, "
+                "against the theoretical minimum and the sequential maximum. The "
+                "paper's mix is not available: 20 mixes are drawn from its "
+                "description (minibatch/sim/paper_bode.py)."
+            ),
+            workloads=(),
+            policies=(),
+            runner=_bode,
+        ),
+        Experiment(
+            name="psp-scenarios",
+            title="PSP: waiting time per accuracy class, six scenarios (seed 000)",
+            description=(
+                "Rocchetti et al. (seed 000, Tables 2-3): 1,000 jobs of 20 users "
+                "whose runtime estimates are bad (BE), good (GE), as at Cluster "
+                "FING (CF), FING with good estimates (CFG), improving (DI) or half "
+                "improving (HDI), under PSP; the mean wait of each accuracy class."
+            ),
+            workloads=(),
+            policies=(),
+            runner=_psp,
+        ),
     )
 }
 
 
-def _config(spec: WorkloadSpec, policy: str, exp: Experiment) -> SimConfig:
+def _config(spec: WorkloadSpec, label: str, exp: Experiment) -> SimConfig:
+    policy, params = exp.variants.get(label, (label, exp.params.get(label, {})))
     machine = spec.machine
     if machine.machines_file is not None:
         machine = replace(machine, machines_file=str(find_trace(machine.machines_file)))
     return SimConfig(
         trace=str(find_trace(spec.trace)),
-        policy=policy,
-        params=exp.params.get(policy, {}),
+        policy=policy_ref(policy),
+        params=params,
         machine=machine,
         limit=spec.limit,
         mem_unit=spec.mem_unit,
@@ -157,6 +280,10 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"experiment": exp.name, "workloads": {}}
     sections = [f"# {exp.title}\n", exp.description + "\n", _command(exp, out)]
+    if exp.runner is not None:
+        result, text = exp.runner(out, progress, say)
+        results["result"] = result
+        sections.append(text)
     for spec in exp.workloads:
         say(f"{exp.name}: {spec.name}")
         work = load(_config(spec, exp.policies[0], exp))
@@ -184,10 +311,11 @@ def _whole(
     progress: Progress | None,
 ) -> tuple[dict[str, Any], str]:
     runs: list[SimRun] = []
-    for policy in exp.policies:
-        run = simulate(_config(spec, policy, exp), work, progress)
-        write_run(run, out / policy)
-        runs.append(run)
+    for label in exp.policies:
+        run = simulate(_config(spec, label, exp), work, progress)
+        write_run(run, out / label)
+        # Plots and tables name runs by label (two labels may share a policy).
+        runs.append(replace(run, config=replace(run.config, policy=label)))
     if plots:
         compare_plots(runs, out, f"{spec.name}: {', '.join(exp.policies)}")
     names = list(exp.policies)
@@ -206,6 +334,7 @@ def _whole(
             if plots
             else ""
         )
+        + ("\n" + exp.extra(names, runs) if exp.extra is not None else "")
     )
     return dict(zip(names, summaries, strict=True)), text
 

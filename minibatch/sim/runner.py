@@ -20,6 +20,7 @@ from minibatch.metrics import eet as eet_metrics
 from minibatch.metrics.records import JobRecord, from_outcomes, write_csv
 from minibatch.metrics.summary import describe, summarize
 from minibatch.policy import registry
+from minibatch.policy.ordered import PRESETS
 from minibatch.sim.engine import Progress, SimStats, Simulator
 from minibatch.sim.machine import Machine, NodeSpec
 from minibatch.sim.swf import (
@@ -151,6 +152,17 @@ def load(config: SimConfig) -> Workload:
     if not jobs:
         raise InvalidArgument(f"no job of {config.trace} passes the filter")
     return Workload(machine, jobs, len(trace.records), time.perf_counter() - t0, trace)
+
+
+def in_memory(name: str, jobs: list[TraceJob], machine: Machine) -> Workload:
+    """A workload built in code (a synthetic job mix), not read from a trace."""
+    return Workload(machine, jobs, len(jobs), 0.0, SwfTrace(header={"Computer": name}))
+
+
+def policy_ref(name: str) -> str:
+    """``name`` if installed, else its ``module:Class`` from the presets not yet
+    registered as entry points (so experiments run before ``pip install``)."""
+    return name if name in registry.available() else PRESETS.get(name, name)
 
 
 @dataclass

@@ -57,6 +57,9 @@ def toml_value(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        items = ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items())
+        return "{" + items + "}"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 

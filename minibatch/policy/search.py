@@ -1,0 +1,210 @@
+"""The earliest start of a job over many nodes: exact, and fast when repeated.
+
+:meth:`Search.earliest` answers "when, at the earliest, do ``nodes`` nodes each
+hold the job for its whole requested time, and which ones (first fit at that
+time)". Per node the answer is :meth:`Profile.next_start
+<minibatch.policy.profile.Profile.next_start>`; over the nodes:
+
+* the **first search of a pass**, and any search on a single node, asks every
+  node (EASY reserves once per pass: nothing to amortise);
+* **later searches** (conservative backfilling reserves every pending job) use
+  branch and bound on cached lower bounds. Per node and per (CPUs per node,
+  walltime rounded down to a power of two) the cache keeps the exact earliest
+  start of that *relaxed* job (those CPUs only, that shorter time), a lower
+  bound of the real job's. A pass only ever takes resources, so an earliest
+  start can only move later and a bound, once true, stays true for the rest of
+  the pass: nodes come off a heap by bound, a node changed since its bound was
+  made is searched again from the bound only when it comes up, and the search
+  stops when no node left can start before the answer so far.
+
+Several nodes: the answer is the ``nodes``-th smallest of the nodes' own
+earliest starts, if that many nodes can start at that very time; else the
+search moves there and asks again (a node free at one time may be busy later).
+
+The result is the same as asking every node (tests check it against a
+second-by-second model); only the work differs.
+"""
+
+from __future__ import annotations
+
+from heapq import heapify, heappop, heappush
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minibatch.policy.profile import Profile
+
+INF = float("inf")
+
+#: What a job needs on each node: (nodes, ppn, memory per node or 0, gpus per node).
+Shape = tuple[int, int, int, int]
+#: Bounds per (CPUs per node, power of two): (log position, per-node bounds, a
+#: heap of (bound, node), nodes whose bound may be stale).
+_Entry = tuple[int, list[float], list[tuple[float, int]], set[int]]
+
+
+class Search:
+    """The earliest-start searches of one profile, in one pass."""
+
+    __slots__ = ("prof", "_cache")
+
+    def __init__(self, prof: Profile) -> None:
+        self.prof = prof
+        self._cache: dict[tuple[int, int], _Entry] = {}
+
+    def forget(self) -> None:
+        """Drop every bound (resources came back: they may be too late)."""
+        self._cache.clear()
+
+    def earliest(
+        self, shape: Shape, w: float, after: float
+    ) -> tuple[float, list[int]] | None:
+        """The earliest time ``>= after`` at which ``shape`` fits for ``w``, with
+        the nodes (first fit at that time); None if it never does."""
+        count = shape[0]
+        bounds, heap, stale, span = self._bounds(shape[1], w, after)
+        x = after
+        exact: dict[int, float] = {}  # node -> its earliest start >= x (INF: never)
+        floor: dict[int, float] = {}  # node -> a start it cannot beat (a cut search)
+        popped: list[int] = []
+        try:
+            while True:
+                top = self._smallest(
+                    shape, w, x, count, bounds, heap, stale, span, exact, floor, popped
+                )
+                # Put every visited node back with its (maybe raised) bound.
+                for i in popped:
+                    if bounds[i] < INF:
+                        heappush(heap, (bounds[i], i))
+                popped.clear()
+                if len(top) < count:
+                    return None
+                t = -top[0][0]
+                if t == x or count == 1:
+                    return t, sorted(i for i, e in exact.items() if e == t)[:count]
+                x = t
+        finally:
+            for i in popped:
+                if bounds[i] < INF:
+                    heappush(heap, (bounds[i], i))
+
+    def _smallest(
+        self,
+        shape: Shape,
+        w: float,
+        x: float,
+        count: int,
+        bounds: list[float],
+        heap: list[tuple[float, int]],
+        stale: set[int],
+        span: float,
+        exact: dict[int, float],
+        floor: dict[int, float],
+        popped: list[int],
+    ) -> list[tuple[float, int]]:
+        """The ``count`` smallest earliest starts ``>= x`` over the nodes, as a
+        max-heap of (-start, node): nodes come off ``heap`` by bound, a stale
+        bound is refreshed when it comes up, and the search stops when no node
+        left can beat what is found (branch and bound)."""
+        top: list[tuple[float, int]] = []
+        while heap:
+            lb, i = heappop(heap)
+            if lb != bounds[i]:
+                continue  # an old entry (the node is in the heap again)
+            if len(top) == count and max(lb, x) > -top[0][0]:
+                heappush(heap, (lb, i))
+                break  # no node from here on can start sooner
+            popped.append(i)
+            if i in stale:
+                stale.discard(i)
+                lb = bounds[i] = self._relaxed(i, shape[1], span, lb)
+                popped.pop()
+                if lb < INF:
+                    heappush(heap, (lb, i))
+                continue
+            e = exact.get(i)
+            if e is None or e < x:
+                limit = -top[0][0] if len(top) == count else INF
+                start = max(x, lb, floor.get(i, lb))
+                if start > limit:
+                    continue
+                found = self.prof.next_start(i, shape, w, start, limit)
+                if found is None and limit < INF:
+                    floor[i] = limit  # not by ``limit``; maybe later
+                    exact.pop(i, None)
+                    continue
+                e = exact[i] = INF if found is None else found
+            if e == INF or (len(top) == count and e > -top[0][0]):
+                continue
+            heappush(top, (-e, i))
+            if len(top) > count:
+                heappop(top)
+        return top
+
+    def _bounds(
+        self, ppn: int, w: float, after: float
+    ) -> tuple[list[float], list[tuple[float, int]], set[int], float]:
+        """Per node, a lower bound of the earliest start of any job needing at
+        least ``ppn`` CPUs per node for at least ``w``; a heap of (bound, node)
+        over the nodes that may ever fit; the nodes whose bound may be stale;
+        and the relaxed walltime the bounds are for.
+
+        A bound is the exact earliest start of a relaxed job (``ppn`` CPUs,
+        nothing else, for ``w`` rounded down to a power of two), kept per
+        (``ppn``, power) for the whole pass: a pass only ever takes resources,
+        so an earliest start can only move later and a bound, once true, stays
+        true. A node changed since its bound was made is searched again from
+        the bound, only when the bound is needed (the caller does it).
+        """
+        wb = int(w).bit_length() - 1 if w >= 1 else -1
+        span = float(1 << wb) if wb >= 0 else 0.0
+        key = (ppn, wb)
+        entry = self._cache.get(key) if after == self.prof.now else None
+        if entry is None:
+            values = [
+                self._relaxed(i, ppn, span, after) for i in range(len(self.prof.names))
+            ]
+            heap = [(b, i) for i, b in enumerate(values) if b < INF]
+            heapify(heap)
+            entry = (len(self.prof.log), values, heap, set())
+            if after == self.prof.now:
+                self._cache[key] = entry
+        seen, values, heap, stale = entry
+        if seen < len(self.prof.log):
+            stale.update(self.prof.log[seen:])
+            self._cache[key] = (len(self.prof.log), values, heap, stale)
+        # The caller refreshes entries in place: they stay true bounds.
+        return values, heap, stale, span
+
+    def _relaxed(self, i: int, ppn: int, w: float, x: float) -> float:
+        found = self.prof.next_start(i, (1, ppn, 0, 0), w, x)
+        return INF if found is None else found
+
+
+def direct(
+    prof: Profile, shape: Shape, w: float, after: float
+) -> tuple[float, list[int]] | None:
+    """:meth:`Search.earliest` by asking every node: for a pass that reserves
+    once (EASY), or a single node, bounds would cost more than they save."""
+    count = shape[0]
+    nodes = range(len(prof.names))
+    if count == 1:
+        best, where = INF, -1
+        for i in nodes:
+            t = prof.next_start(i, shape, w, after, best)
+            if t is not None and t < best:
+                best, where = t, i
+        return None if where < 0 else (best, [where])
+    x = after
+    starts = [prof.next_start(i, shape, w, x) for i in nodes]
+    while True:
+        ready = sorted(s for s in starts if s is not None)
+        if len(ready) < count:
+            return None  # a node that cannot start now never will
+        t = ready[count - 1]
+        if t == x:
+            return x, [i for i in nodes if starts[i] == x][:count]
+        x = t
+        for i in nodes:
+            s = starts[i]
+            if s is not None and s < x:
+                starts[i] = prof.next_start(i, shape, w, x)

@@ -1,0 +1,146 @@
+"""Request handlers for reservations, the live policy switch and diagnostics.
+
+Same rules as :mod:`minibatch.server.handlers` (whose table includes this one):
+one function per request, permissions and arguments checked before anything
+changes. Creating and releasing reservations and switching the policy are for
+operators; looking is for everyone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from minibatch.core.job import JobState
+from minibatch.errors import NotFound
+from minibatch.protocol.messages import (
+    Diagnose,
+    DiagnoseReply,
+    GetPolicy,
+    Message,
+    PolicyInfo,
+    QueryReservations,
+    ReleaseReservation,
+    ReservationList,
+    SetPolicy,
+    SetReservation,
+)
+from minibatch.server import booking
+from minibatch.server.access import Context, Handler, need_caller, need_operator
+from minibatch.server.submit import Caller
+
+if TYPE_CHECKING:
+    from minibatch.server.state import ServerState
+
+
+def set_reservation(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: SetReservation,
+) -> Message:
+    c = need_operator(ctx, caller, "create reservations")
+    resv = booking.create(state, msg, c.user)
+    return ReservationList(reservations=[resv], now=state.clock())
+
+
+def query_reservations(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: QueryReservations,
+) -> Message:
+    book = state.reservations
+    for name in msg.names:
+        if book.get(name) is None:
+            raise NotFound(f"unknown reservation {name!r}")
+    found = [book.by_name[n] for n in msg.names] if msg.names else list(book)
+    return ReservationList(reservations=found, now=state.clock())
+
+
+def release_reservation(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: ReleaseReservation,
+) -> Message:
+    need_operator(ctx, caller, "release reservations")
+    released = booking.release(state, msg.names)
+    return ReservationList(
+        reservations=[r for r, _ in released],
+        now=state.clock(),
+        cancelled=sorted(j for _, jobs in released for j in jobs),
+    )
+
+
+def _policy_info(state: ServerState) -> PolicyInfo:
+    from minibatch.policy import registry
+
+    choice = state.policy
+    return PolicyInfo(
+        name=choice.name,
+        params=choice.params,
+        set_by=choice.set_by,
+        since=choice.since,
+        scheduler_policy=state.policy_name,
+        available=registry.available(),
+    )
+
+
+def set_policy(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: SetPolicy,
+) -> Message:
+    c = need_operator(ctx, caller, "change the scheduling policy")
+    booking.set_policy(state, msg.name, dict(msg.params), c.user)
+    return _policy_info(state)
+
+
+def get_policy(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: GetPolicy,
+) -> Message:
+    return _policy_info(state)
+
+
+def diagnose(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: Diagnose,
+) -> Message:
+    need_caller(caller)
+    jobs = sorted(state.jobs.values(), key=lambda j: j.id)
+    for job in jobs:
+        state.explain(job)
+    # A snapshot for looking only: the time the last plan is matched against
+    # (``snapshot_time``) must stay that of the scheduler's snapshot.
+    planned = state.snapshot_time
+    snap = state.snapshot()
+    state.snapshot_time = planned
+    return DiagnoseReply(
+        snapshot=snap,
+        policy=state.policy.name,
+        params=state.policy.params,
+        jobs=[j for j in jobs if j.state is not JobState.FINISHED],
+        fairshare=dict(ctx.fairshare),
+    )
+
+
+HANDLERS: dict[type, Handler] = {
+    SetReservation: set_reservation,
+    QueryReservations: query_reservations,
+    ReleaseReservation: release_reservation,
+    SetPolicy: set_policy,
+    GetPolicy: get_policy,
+    Diagnose: diagnose,
+}

@@ -1,0 +1,88 @@
+"""Read-only views of the server's state: the scheduler's snapshot, job lookup."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from minibatch.core.job import Job
+from minibatch.core.snapshot import ClusterSnapshot, RunningView
+from minibatch.errors import InvalidArgument, NotFound
+from minibatch.policy.base import mem_per_node
+
+if TYPE_CHECKING:
+    from minibatch.server.state import ServerState
+
+
+def snapshot(state: ServerState, now: float) -> ClusterSnapshot:
+    """The policy's whole world at ``now``.
+
+    Pending jobs over a QOS limit are left out (Maui's throttling: they are not
+    eligible). Reservations, QOS, fairshare usage and accuracy are cached by their
+    owners, so a snapshot costs a pass little beyond the running jobs.
+    """
+    running = []
+    for jid in state.active:
+        job = state.jobs[jid]
+        running.append(
+            RunningView(
+                id=job.id,
+                user=job.user,
+                nodes=tuple((a.node, len(a.cpus)) for a in job.alloc),
+                mem_kb_per_node=mem_per_node(job.request),
+                start_time=job.start_time or now,
+                walltime=job.request.walltime,
+                gpus_per_node=job.request.gpus,
+                advres=job.advres,
+                group=job.group,
+                account=job.account,
+                qos=job.qos,
+            )
+        )
+    running.sort(key=lambda r: r.id)
+    pending = state.queue.ordered()
+    qos = state.qos
+    if qos.any_blocked:
+        pending = tuple(p for p in pending if not qos.blocks(p.user, p.qos))
+    return ClusterSnapshot(
+        now=now,
+        generation=state.generation,
+        nodes=state.nodes.views(),
+        running=tuple(running),
+        pending=pending,
+        reservations=state.reservations.views(),
+        fairshare=state.history.fairshare(now, (state.jobs[j] for j in state.active)),
+        accuracy=state.history.accuracy(),
+        qos=qos.views,
+    )
+
+
+def select(state: ServerState, selector: str, *, finished: bool = True) -> list[Job]:
+    """Jobs named by ``7``, ``7.host``, ``7[]`` (whole array) or ``7[2]``.
+
+    ``finished`` also looks in accounting. Raises NotFound when none match.
+    """
+    text = selector.strip().split(".", 1)[0]
+    base, bracket, rest = text.partition("[")
+    if not base.isdigit() or (bracket and not rest.endswith("]")):
+        raise InvalidArgument(f"malformed job id {selector!r}")
+    jid, index = int(base), rest[:-1] if bracket else None
+    if index == "":
+        found = [state.jobs[i] for i in state.arrays.get(jid, [])]
+        if finished:
+            found += state.store.finished_in_array(jid)
+        found.sort(key=lambda j: j.id)
+    elif index is not None:
+        if not index.isdigit():
+            raise InvalidArgument(f"malformed array index in {selector!r}")
+        tasks = [state.jobs[i] for i in state.arrays.get(jid, [])]
+        if finished:
+            tasks += state.store.finished_in_array(jid)
+        found = [j for j in tasks if j.array_index == int(index)]
+    else:
+        job = state.jobs.get(jid) or (
+            state.store.is_finished(jid) if finished else None
+        )
+        found = [job] if job is not None else []
+    if not found:
+        raise NotFound(f"unknown job id {selector}")
+    return found
