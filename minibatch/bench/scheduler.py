@@ -9,6 +9,10 @@ queued jobs shaped like a production log: sizes are powers of two from 1 CPU to
 36 h, memory 0.5-4 GB per CPU. The policy plans it ``--repeat`` times; the median
 wall time of one ``plan()`` call is ``pass_ms_median``.
 
+``--mode stuck`` is the worst case for EASY, whose pass stops once no CPU is
+free: CPUs stay free, running jobs hold all the memory, every queued job asks
+for a different amount, so every job is tried on every node.
+
 Targets (docs/benchmarks.md, "Scheduler pass"): 10,000 pending jobs on 128 x 32
 CPUs in under 50 ms for ``easy`` and under 1 s for ``conservative``.
 """
@@ -32,9 +36,15 @@ GB = 1024 * 1024  # KB
 
 
 def snapshot(
-    pending: int, nodes: int = 128, cpus: int = 32, seed: int = 1
+    pending: int, nodes: int = 128, cpus: int = 32, seed: int = 1, stuck: bool = False
 ) -> ClusterSnapshot:
-    """The benchmark's cluster: full of running jobs, ``pending`` jobs queued."""
+    """The benchmark's cluster: full of running jobs, ``pending`` jobs queued.
+
+    ``stuck``: the worst case for a pass that stops when no CPU is free: CPUs
+    stay free on every node but running jobs hold all the memory, and every
+    queued job asks for a different amount of memory, so nothing can start and
+    each job is tried on every node.
+    """
     rng = random.Random(seed)
     now = 1_000_000.0
     mem = cpus * 4 * GB
@@ -44,10 +54,12 @@ def snapshot(
     jid = 0
     for name in free:
         # Fill each node with jobs of 1-16 CPUs; leave 0-3 CPUs idle.
-        idle = rng.choice((0, 0, 0, 1, 2, 3))
+        idle = rng.choice((1, 2, 3, 4)) if stuck else rng.choice((0, 0, 0, 1, 2, 3))
         while free[name] > idle:
             size = min(free[name] - idle, 2 ** rng.randint(0, 4))
             per = rng.choice((1, 2, 3)) * GB // 2 * size
+            if stuck and free[name] - size == idle:
+                per = free_mem[name]  # the last job takes what memory is left
             jid += 1
             left = math.exp(rng.uniform(math.log(300), math.log(36 * 3600)))
             if rng.random() < 0.03:
@@ -91,7 +103,11 @@ def snapshot(
                 request=JobRequest(
                     nodes=count,
                     ppn=ppn,
-                    mem_kb=int(rng.choice((0.5, 1, 2, 4)) * GB) * procs,
+                    mem_kb=int(
+                        (rng.uniform(0.5, 4) if stuck else rng.choice((0.5, 1, 2, 4)))
+                        * GB
+                    )
+                    * procs,
                     walltime=wall,
                 ),
                 submit_time=now - pending + k,
@@ -109,11 +125,12 @@ def run(
     cpus: int = 32,
     repeat: int = 5,
     seed: int = 1,
+    mode: str = "busy",
 ) -> dict[str, Any]:
     """Time ``repeat`` passes of ``policy`` on the benchmark snapshot."""
     from minibatch.policy import registry
 
-    snap = snapshot(pending, nodes, cpus, seed)
+    snap = snapshot(pending, nodes, cpus, seed, stuck=mode == "stuck")
     pol = registry.load(policy)
     walls: list[float] = []
     plan = None
@@ -130,6 +147,7 @@ def run(
         "cpus_per_node": cpus,
         "free_cpus": sum(n.free_cpus for n in snap.nodes),
         "seed": seed,
+        "mode": mode,
         "repeat": len(walls),
         "pass_ms_median": statistics.median(walls),
         "pass_ms_min": min(walls),
@@ -145,6 +163,7 @@ def render(result: dict[str, Any]) -> str:
 
     rows = [
         ["policy", str(result["policy"])],
+        ["snapshot", str(result["mode"])],
         [
             "cluster",
             f"{result['nodes']} nodes x {result['cpus_per_node']} CPUs, "
@@ -172,6 +191,12 @@ def bench_scheduler(
     ] = 32,
     repeat: Annotated[int, typer.Option(help="Passes; the median is kept.")] = 5,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic snapshot.")] = 1,
+    mode: Annotated[
+        str,
+        typer.Option(
+            help="busy: a full cluster; stuck: CPUs free but no memory (worst case)."
+        ),
+    ] = "busy",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Wall time of one scheduling pass with many pending jobs."""
@@ -181,7 +206,9 @@ def bench_scheduler(
     with common.reporting("mb bench scheduler"):
         if pending < 0 or nodes < 1 or cpus_per_node < 1:
             raise InvalidArgument("--pending >= 0, --nodes and --cpus-per-node >= 1")
-        result = run(pending, policy, nodes, cpus_per_node, repeat, seed)
+        if mode not in ("busy", "stuck"):
+            raise InvalidArgument(f"--mode must be busy or stuck, not {mode!r}")
+        result = run(pending, policy, nodes, cpus_per_node, repeat, seed, mode)
         if as_json:
             typer.echo(json.dumps(result, indent=2))
             return

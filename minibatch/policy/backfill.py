@@ -59,20 +59,6 @@ class Selection(Protocol):
     def run(self, p: Pass, jobs: list[PendingView]) -> None: ...
 
 
-class FirstFit:
-    """Start every candidate that fits, in priority order (Maui ``FIRSTFIT``)."""
-
-    name = "firstfit"
-
-    def run(self, p: Pass, jobs: list[PendingView]) -> None:
-        for job in jobs:
-            found = p.fit(job)
-            if found is None:
-                p.reasons[job.id] = p.reason(job)
-            else:
-                p.start(job, *found)
-
-
 def pick_repeatedly(
     p: Pass, jobs: list[PendingView], score: Callable[[PendingView], float]
 ) -> None:

@@ -86,7 +86,18 @@ class BackfillBalanced:
     name = "bb"
 
     def run(self, p: Pass, jobs: list[PendingView]) -> None:
-        pick_repeatedly(p, jobs, lambda job: bb_score(p.utilization(), p.demand(job)))
+        # Eq. 1 depends on S and the job's shape only: one score per shape and
+        # traversal (S changes when a job starts).
+        scores: dict[tuple[int, object], float] = {}
+
+        def score(job: PendingView) -> float:
+            key = (len(p.starts), job.request)
+            value = scores.get(key)
+            if value is None:
+                value = scores[key] = bb_score(p.utilization(), p.demand(job))
+            return value
+
+        pick_repeatedly(p, jobs, score)
 
 
 class ImprovedBackfillBalanced:
@@ -95,14 +106,23 @@ class ImprovedBackfillBalanced:
     name = "ibb"
 
     def run(self, p: Pass, jobs: list[PendingView]) -> None:
+        # Eq. 2 depends on S and the job's shape only: one verdict per shape
+        # until something starts (most candidates fail it on a CPU-bound mix).
+        verdicts: dict[object, bool] = {}
         for job in jobs:
+            key = job.request
+            ok = verdicts.get(key)
+            if ok is None:
+                ok = verdicts[key] = ibb_accepts(p.utilization(), p.demand(job))
+            if not ok:
+                p.reasons[job.id] = "not backfilled: would unbalance the machine (ibb)"
+                continue
             found = p.fit(job)
             if found is None:
                 p.reasons[job.id] = p.reason(job)
-            elif ibb_accepts(p.utilization(), p.demand(job)):
-                p.start(job, *found)
             else:
-                p.reasons[job.id] = "would unbalance the machine's resources (ibb)"
+                p.start(job, *found)
+                verdicts.clear()
 
 
 class BB(Backfill):

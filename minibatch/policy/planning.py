@@ -72,16 +72,24 @@ class Pass:
         req = job.request
         shape = shape_of(req)
         end = self.now + req.walltime
-        failed = self.failed_general if view is self.book.general else self.failed
-        key: object = shape if view is self.book.general else (id(view), shape)
-        bad = failed.get(key)  # type: ignore[call-overload]
-        if bad is not None and end >= bad:
-            return None
-        nodes = view.fit_now(shape, end)
-        if nodes is None:
-            failed[key] = end  # type: ignore[index]
-            return None
-        return view, nodes
+        # A shape that did not fit until an end cannot fit for longer, until
+        # something starts (which clears these).
+        if view is self.book.general:
+            bad = self.failed_general.get(shape)
+            if bad is not None and end >= bad:
+                return None
+            nodes = view.fit_now(shape, end)
+            if nodes is None:
+                self.failed_general[shape] = end
+        else:
+            key = (id(view), shape)
+            bad = self.failed.get(key)
+            if bad is not None and end >= bad:
+                return None
+            nodes = view.fit_now(shape, end)
+            if nodes is None:
+                self.failed[key] = end
+        return None if nodes is None else (view, nodes)
 
     def start(
         self,

@@ -85,6 +85,7 @@ class Profile:
         "_search",
         "_searches",
         "_vals",
+        "_room",
     )
 
     times: list[list[float]]
@@ -125,6 +126,8 @@ class Profile:
         self.log: list[int] = []
         self._search: Search | None = None
         self._searches = 0
+        #: :meth:`roomiest` by CPUs, until segment 0 changes.
+        self._room: dict[int, float] = {}
 
     # ------------------------------------------------------------------ building
 
@@ -204,6 +207,7 @@ class Profile:
             self._vals[i] = None
         t0, c, m, g = segments[0]
         self.c0[i], self.m0[i], self.g0[i] = c, m, g
+        self._room = {}
         times, dc = [t0], [0]
         dm: list[int] | None = None if m is None else [0]
         dg: list[int] | None = None if g is None else [0]
@@ -227,9 +231,26 @@ class Profile:
         """CPUs free now, all nodes together."""
         return sum(self.c0)
 
+    def roomiest(self, ppn: int) -> float:
+        """The most memory free now on a node with ``ppn`` free CPUs (INF if
+        such a node has no memory figures); -1 if no node has the CPUs."""
+        room = self._room.get(ppn)
+        if room is None:
+            room = -1.0
+            for c, m in zip(self.c0, self.m0, strict=True):
+                if c >= ppn:
+                    if m is None:
+                        room = INF
+                        break
+                    room = max(room, m)
+            self._room[ppn] = room
+        return room
+
     def fit_now(self, shape: Shape, end: float) -> list[int] | None:
         """The first nodes where ``shape`` fits from now until ``end``, or None."""
         count, ppn, mem, gpus = shape
+        if mem and mem > self.roomiest(ppn):
+            return None  # no node has the CPUs and the memory: no need to look
         c0, m0, g0 = self.c0, self.m0, self.g0
         check_dips = end > self.first_dip  # only once built
         dips = self.dips if check_dips else []
@@ -262,10 +283,16 @@ class Profile:
         if len(self.labels) == 1:
             label = next(iter(self.labels.values()))
         else:
-            one = (1, shape[1], shape[2], shape[3])
+            _, ppn, mem, gpus = shape
             for i in range(len(self.names)):
-                when = self._dip_fails(i, end, shape)
-                if when >= 0 and self.fit_now(one, self.now) is not None:
+                m, g = self.m0[i], self.g0[i]
+                room_now = (
+                    self.c0[i] >= ppn
+                    and (not mem or m is None or m >= mem)
+                    and (not gpus or (g is not None and g >= gpus))
+                )
+                when = self._dip_fails(i, end, shape) if room_now else -1.0
+                if when >= 0:
                     label = self.labels.get(when, label)
                     break
         return f"delay job {label}'s reservation" if isinstance(label, int) else label
@@ -458,16 +485,18 @@ class Profile:
         if (cpus > 0 or mem > 0 or gpus > 0) and self._search is not None:
             self._search.forget()  # resources come back: bounds may be too late
         if start is None:
+            if self._room:
+                self._room = {}
             if self._search is not None:
                 self.log.append(i)
             if self.built:
                 self._vals[i] = None
             self.c0[i] += cpus
-            m0, g0 = self.m0, self.g0
-            if m0[i] is not None:
-                m0[i] += mem  # type: ignore[operator]
-            if g0[i] is not None:
-                g0[i] += gpus  # type: ignore[operator]
+            m, g = self.m0[i], self.g0[i]
+            if m is not None:
+                self.m0[i] = m + mem
+            if g is not None:
+                self.g0[i] = g + gpus
             if not self.built:
                 # The future is not built yet: keep the end for :meth:`build`.
                 self._started.append((end, i, -cpus, -mem, -gpus))

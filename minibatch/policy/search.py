@@ -9,13 +9,15 @@ time)". Per node the answer is :meth:`Profile.next_start
   node (EASY reserves once per pass: nothing to amortise);
 * **later searches** (conservative backfilling reserves every pending job) use
   branch and bound on cached lower bounds. Per node and per (CPUs per node,
-  walltime rounded down to a power of two) the cache keeps the exact earliest
-  start of that *relaxed* job (those CPUs only, that shorter time), a lower
-  bound of the real job's. A pass only ever takes resources, so an earliest
-  start can only move later and a bound, once true, stays true for the rest of
-  the pass: nodes come off a heap by bound, a node changed since its bound was
-  made is searched again from the bound only when it comes up, and the search
-  stops when no node left can start before the answer so far.
+  memory per node rounded down to a power of 16, walltime rounded down to a
+  power of two) the cache keeps the exact earliest start of that *relaxed* job
+  (no GPUs), a lower bound of the real job's. Coarse memory keeps the number of
+  bounds small when memory hardly matters, and the bounds tight when it does.
+  A pass only ever takes resources, so an earliest start can only move later
+  and a bound, once true, stays true for the rest of the pass: nodes come off
+  a heap by bound, a node changed since its bound was made is searched again
+  from the bound only when it comes up, and the search stops when no node left
+  can start before the answer so far.
 
 Several nodes: the answer is the ``nodes``-th smallest of the nodes' own
 earliest starts, if that many nodes can start at that very time; else the
@@ -37,9 +39,14 @@ INF = float("inf")
 
 #: What a job needs on each node: (nodes, ppn, memory per node or 0, gpus per node).
 Shape = tuple[int, int, int, int]
-#: Bounds per (CPUs per node, power of two): (log position, per-node bounds, a
+#: Bounds per (CPUs, memory, walltime) key: (log position, per-node bounds, a
 #: heap of (bound, node), nodes whose bound may be stale).
 _Entry = tuple[int, list[float], list[tuple[float, int]], set[int]]
+
+
+def _floor16(n: int) -> int:
+    """``n`` rounded down to a power of 16 (0 stays 0)."""
+    return 1 << ((n.bit_length() - 1) // 4 * 4) if n > 0 else 0
 
 
 class Search:
@@ -49,7 +56,7 @@ class Search:
 
     def __init__(self, prof: Profile) -> None:
         self.prof = prof
-        self._cache: dict[tuple[int, int], _Entry] = {}
+        self._cache: dict[tuple[int, int, int], _Entry] = {}
 
     def forget(self) -> None:
         """Drop every bound (resources came back: they may be too late)."""
@@ -61,7 +68,8 @@ class Search:
         """The earliest time ``>= after`` at which ``shape`` fits for ``w``, with
         the nodes (first fit at that time); None if it never does."""
         count = shape[0]
-        bounds, heap, stale, span = self._bounds(shape[1], w, after)
+        relaxed = (1, shape[1], _floor16(shape[2]), 0)
+        bounds, heap, stale, span = self._bounds(relaxed, w, after)
         x = after
         exact: dict[int, float] = {}  # node -> its earliest start >= x (INF: never)
         floor: dict[int, float] = {}  # node -> a start it cannot beat (a cut search)
@@ -105,6 +113,7 @@ class Search:
         max-heap of (-start, node): nodes come off ``heap`` by bound, a stale
         bound is refreshed when it comes up, and the search stops when no node
         left can beat what is found (branch and bound)."""
+        relaxed = (1, shape[1], _floor16(shape[2]), 0)
         top: list[tuple[float, int]] = []
         while heap:
             lb, i = heappop(heap)
@@ -116,7 +125,7 @@ class Search:
             popped.append(i)
             if i in stale:
                 stale.discard(i)
-                lb = bounds[i] = self._relaxed(i, shape[1], span, lb)
+                lb = bounds[i] = self._relaxed(i, relaxed, span, lb)
                 popped.pop()
                 if lb < INF:
                     heappush(heap, (lb, i))
@@ -141,28 +150,28 @@ class Search:
         return top
 
     def _bounds(
-        self, ppn: int, w: float, after: float
+        self, relaxed: Shape, w: float, after: float
     ) -> tuple[list[float], list[tuple[float, int]], set[int], float]:
-        """Per node, a lower bound of the earliest start of any job needing at
-        least ``ppn`` CPUs per node for at least ``w``; a heap of (bound, node)
-        over the nodes that may ever fit; the nodes whose bound may be stale;
-        and the relaxed walltime the bounds are for.
+        """Per node, a lower bound of the earliest start of any one-node share
+        at least ``relaxed`` for at least ``w``; a heap of (bound, node) over
+        the nodes that may ever fit; the nodes whose bound may be stale; and the
+        relaxed walltime the bounds are for.
 
-        A bound is the exact earliest start of a relaxed job (``ppn`` CPUs,
-        nothing else, for ``w`` rounded down to a power of two), kept per
-        (``ppn``, power) for the whole pass: a pass only ever takes resources,
-        so an earliest start can only move later and a bound, once true, stays
-        true. A node changed since its bound was made is searched again from
-        the bound, only when the bound is needed (the caller does it).
+        A bound is the exact earliest start of the ``relaxed`` job (the CPUs per
+        node, the memory per node rounded down to a power of 16, no GPUs), for
+        ``w`` rounded down to a power of two, kept per (CPUs, memory, walltime)
+        for the whole pass: a pass only ever takes resources, so an earliest
+        start can only move later and a bound, once true, stays true. A node
+        changed since its bound was made is searched again from the bound, only
+        when the bound is needed (the caller does it).
         """
         wb = int(w).bit_length() - 1 if w >= 1 else -1
         span = float(1 << wb) if wb >= 0 else 0.0
-        key = (ppn, wb)
+        key = (relaxed[1], relaxed[2], wb)
         entry = self._cache.get(key) if after == self.prof.now else None
         if entry is None:
-            values = [
-                self._relaxed(i, ppn, span, after) for i in range(len(self.prof.names))
-            ]
+            count = len(self.prof.names)
+            values = [self._relaxed(i, relaxed, span, after) for i in range(count)]
             heap = [(b, i) for i, b in enumerate(values) if b < INF]
             heapify(heap)
             entry = (len(self.prof.log), values, heap, set())
@@ -175,8 +184,8 @@ class Search:
         # The caller refreshes entries in place: they stay true bounds.
         return values, heap, stale, span
 
-    def _relaxed(self, i: int, ppn: int, w: float, x: float) -> float:
-        found = self.prof.next_start(i, (1, ppn, 0, 0), w, x)
+    def _relaxed(self, i: int, relaxed: Shape, w: float, x: float) -> float:
+        found = self.prof.next_start(i, relaxed, w, x)
         return INF if found is None else found
 
 

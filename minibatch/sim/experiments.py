@@ -127,6 +127,14 @@ def _psp(
     return paper_psp.run_psp(out, (1, 2, 3, 4), PSP_PROCS, PSP_LOAD, progress, say)
 
 
+def _ibb(
+    out: Path, progress: Progress | None, say: Callable[[str], None]
+) -> tuple[dict[str, Any], str]:
+    from minibatch.sim import paper_ibb
+
+    return paper_ibb.run_ibb(out, progress, say)
+
+
 #: The PSP scenarios' machine and offered load (docs/results.md says why).
 PSP_PROCS = 128
 PSP_LOAD = 1.1
@@ -232,6 +240,22 @@ EXPERIMENTS: dict[str, Experiment] = {
             workloads=(),
             policies=(),
             runner=_psp,
+        ),
+        Experiment(
+            name="bb-vs-ibb",
+            title="EASY vs BB vs IBB over CPUs and memory, at several loads (seed 003)",
+            description=(
+                "Liu et al. (seed 003, Fig. 1-2): EASY backfilling against its "
+                "K-resource variants Backfill Balanced (one candidate per traversal, "
+                "lowest Eq. 1) and Improved Backfill Balanced (every candidate "
+                "passing Eq. 2, in one traversal), on MetaCentrum wagap-2013 on "
+                "its 68 nodes with memory, at relative loads 0.8-1.5 (submission "
+                "times divided by the load), with the nodes' memory as recorded "
+                "and cut to a quarter (minibatch/sim/paper_ibb.py)."
+            ),
+            workloads=(),
+            policies=(),
+            runner=_ibb,
         ),
     )
 }

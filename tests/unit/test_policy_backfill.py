@@ -149,6 +149,20 @@ def test_conservative_reserves_every_job_and_starts_what_delays_none():
     assert plan.reasons[5].endswith("reserved to start in 2 min")
 
 
+def test_the_reason_names_the_reservation_in_the_way():
+    # 8 CPUs, 4 free until 100. Job 2 is reserved on 6 CPUs over [100, 150) and
+    # job 3 on all 8 over [150, 200): job 4 (2 CPUs, 160 s) clears job 2 but
+    # not job 3.
+    s = snap(
+        [8],
+        [running(1, {"n0": 4}, 0, 100)],
+        [job(2, 6, 50), job(3, 8, 50), job(4, 2, 160)],
+    )
+    plan = Conservative().plan(s)
+    assert plan.predicted == {2: 100.0, 3: 150.0, 4: 200.0}
+    assert plan.reasons[4].startswith("would delay job 3's reservation")
+
+
 def test_depth_two_reserves_two_then_backfills():
     s = snap(
         [4],

@@ -66,7 +66,7 @@ def test_ibb_backfills_every_balancing_candidate_in_one_traversal():
     # Job 3 would raise max/mean from 1.5 to 1.636: skipped. Job 4 lowers it to
     # 1.455 and starts; then job 5 (1.059 <= 1.455) starts too.
     assert started(plan) == [4, 5]
-    assert plan.reasons[3] == "would unbalance the machine's resources (ibb)"
+    assert plan.reasons[3] == "not backfilled: would unbalance the machine (ibb)"
     assert plan.predicted == {2: 100.0}
 
 
