@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from minibatch.bench.scheduler import bench_scheduler
 from minibatch.cli import (
     acct,
     common,
@@ -63,6 +64,7 @@ app.command("report")(sim.report_command)
 app.command("compare")(sim.compare_command)
 app.command("experiment")(sim.experiment_command)
 bench_app.command("sim")(sim.bench_sim)
+bench_app.command("scheduler")(bench_scheduler)
 
 
 @app.command()
