@@ -24,10 +24,11 @@ import typer
 from minibatch.cli import common
 from minibatch.cli.ranking import Ranking, maui_date, maui_duration, rank
 from minibatch.core.job import Job, JobResult, JobState
-from minibatch.core.snapshot import ClusterSnapshot, PendingView
+from minibatch.core.snapshot import ClusterSnapshot
 from minibatch.core.units import format_cpu_list, format_size_kb
 from minibatch.errors import InvalidArgument
 from minibatch.protocol.messages import DiagnoseReply
+from minibatch.server.records import pending_view
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
 
@@ -56,20 +57,6 @@ _STATES = {
     JobState.RUNNING: "Running",
     JobState.EXITING: "Exiting",
 }
-
-
-def as_pending(job: Job) -> PendingView:
-    """A job as the policy sees it (held and waiting jobs too, for checkjob)."""
-    return PendingView(
-        id=job.id,
-        user=job.user,
-        group=job.group,
-        request=job.request,
-        submit_time=job.submit_time,
-        account=job.account,
-        qos=job.qos,
-        advres=job.advres,
-    )
 
 
 def shown_components(
@@ -222,7 +209,7 @@ def _priority_lines(ranking: Ranking, snap: ClusterSnapshot, job: Job) -> list[s
     from minibatch.policy.priority import Scorer
 
     scorer = Scorer(snap, ranking.weights)
-    view = as_pending(job)
+    view = pending_view(job)
     parts, raw = scorer.breakdown(view), scorer.raw(view)
     lines = [f"StartPriority:  {parts['total']:.2f}  (policy {ranking.policy})"]
     for comp, _, subs in shown_components(ranking):

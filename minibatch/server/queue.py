@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from minibatch.core.job import Job
 from minibatch.core.snapshot import PendingView, Plan
+from minibatch.server.records import pending_view
 
 
 class PendingQueue:
@@ -36,16 +37,7 @@ class PendingQueue:
             self._sorted = False
         else:
             self._last = key
-        self._views[job.id] = PendingView(
-            id=job.id,
-            user=job.user,
-            group=job.group,
-            request=job.request,
-            submit_time=job.submit_time,
-            account=job.account,
-            qos=job.qos,
-            advres=job.advres,
-        )
+        self._views[job.id] = pending_view(job)
 
     def discard(self, job_id: int) -> None:
         self._views.pop(job_id, None)

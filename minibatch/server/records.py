@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from minibatch.core.job import Job
+from minibatch.core.snapshot import PendingView
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import LaunchSpec
 
@@ -48,3 +49,17 @@ def job_event(job: Job, event: str, when: float, detail: str) -> dict[str, Any]:
         "node": job.alloc[0].node if job.alloc else None,
         "cpus": job.alloc[0].cpus if job.alloc else [],
     }
+
+
+def pending_view(job: Job) -> PendingView:
+    """A job as a policy sees it while it waits."""
+    return PendingView(
+        id=job.id,
+        user=job.user,
+        group=job.group,
+        request=job.request,
+        submit_time=job.submit_time,
+        account=job.account,
+        qos=job.qos,
+        advres=job.advres,
+    )
