@@ -12,6 +12,8 @@ from minibatch.core.snapshot import ClusterSnapshot, NodeView, PendingView, Runn
 from minibatch.server.nodes import Node
 from minibatch.server.state import ServerState
 from minibatch.server.store import Store
+from minibatch.sim.machine import Machine
+from minibatch.sim.swf import TraceJob
 
 
 def snapshot(
@@ -110,3 +112,24 @@ def validate(state: ServerState) -> None:
             assert held.get((node.name, cpu)) == jid, (
                 f"stale allocation {node.name}/{cpu}"
             )
+
+
+def trace_job(
+    id: int, submit: float, procs: int, run: float, req: float | None = None
+) -> TraceJob:
+    """A simulator job on a flat pool; ``req`` (requested time) defaults to ``run``."""
+    req_time = run if req is None else req
+    request = Machine.pool(1 << 20).request(procs, None, int(req_time))
+    assert request is not None
+    return TraceJob(
+        id=id,
+        user="u",
+        group="g",
+        queue="1",
+        submit=submit,
+        run_time=run,
+        procs=procs,
+        req_time=req_time,
+        mem_kb=None,
+        request=request,
+    )

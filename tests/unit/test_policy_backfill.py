@@ -10,7 +10,7 @@ from minibatch.policy import registry
 from minibatch.policy.backfill import Backfill, Conservative, Easy
 from minibatch.sim.engine import Simulator
 from minibatch.sim.machine import Machine
-from minibatch.sim.swf import TraceJob
+from tests.conftest import trace_job
 from tests.unit.test_policy_snapshots import GB, Like, job, node, running, snap, started
 
 # ----------------------------------------------------------------- EASY, exactly
@@ -70,7 +70,7 @@ def test_easy_reservation_is_recomputed_every_pass():
     # Job 1 asks for 100 s and runs 30: the head's reservation, 100 when it
     # arrives, moves to 30 when job 1 ends; nothing is remembered between passes.
     machine = Machine.pool(4)
-    jobs = [tj(1, 0, 30, 4, req=100), tj(2, 1, 10, 4, req=10)]
+    jobs = [trace_job(1, 0, 4, 30, req=100), trace_job(2, 1, 4, 10, req=10)]
     out = {o.job.id: o for o in Simulator(Easy(), machine, jobs).run()}
     assert out[2].predicted == 100.0
     assert out[2].start == 30.0
@@ -230,20 +230,3 @@ def test_bad_parameters_are_named(params, word):
 def test_unknown_parameter_is_refused_by_the_registry():
     with pytest.raises(InvalidArgument, match="bad parameters for policy 'easy'"):
         registry.load("easy", {"depth": 3})
-
-
-def tj(id: int, submit: float, run: float, procs: int, req: float) -> TraceJob:
-    request = Machine.pool(1 << 20).request(procs, None, int(req))
-    assert request is not None
-    return TraceJob(
-        id=id,
-        user="u",
-        group="g",
-        queue="1",
-        submit=submit,
-        run_time=run,
-        procs=procs,
-        req_time=req,
-        mem_kb=None,
-        request=request,
-    )

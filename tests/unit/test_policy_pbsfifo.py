@@ -9,7 +9,7 @@ from minibatch.policy import registry
 from minibatch.policy.pbsfifo import PbsFifo
 from minibatch.sim.engine import Simulator
 from minibatch.sim.machine import Machine
-from minibatch.sim.swf import TraceJob
+from tests.conftest import trace_job
 from tests.unit.test_policy_snapshots import Like, job, running, snap, started
 
 H = 3600.0
@@ -97,8 +97,8 @@ def test_a_stream_of_small_jobs_cannot_starve_a_wide_one_for_ever():
     # out. At 101 it starves: nothing else starts, the machine drains (the
     # last small job ends at 140), it runs 140-190, then the stream resumes.
     machine = Machine.pool(4)
-    jobs = [tj(1, 0, 1, 40), tj(100, 1, 4, 50)]
-    jobs += [tj(k, 10.0 * k, 1, 40) for k in range(2, 30)]
+    jobs = [trace_job(1, 0, 1, 40), trace_job(100, 1, 4, 50)]
+    jobs += [trace_job(k, 10.0 * k, 1, 40) for k in range(2, 30)]
     out = {
         o.job.id: o for o in Simulator(PbsFifo(starve_after=100), machine, jobs).run()
     }
@@ -108,20 +108,3 @@ def test_a_stream_of_small_jobs_cannot_starve_a_wide_one_for_ever():
     # Without the mechanism it waits until the stream ends.
     free = Simulator(PbsFifo(help_starving_jobs=False), machine, jobs).run()
     assert {o.job.id: o.start for o in free}[100] > 300
-
-
-def tj(id: int, submit: float, procs: int, run: float) -> TraceJob:
-    request = Machine.pool(1 << 20).request(procs, None, int(run))
-    assert request is not None
-    return TraceJob(
-        id=id,
-        user="u",
-        group="g",
-        queue="1",
-        submit=submit,
-        run_time=run,
-        procs=procs,
-        req_time=run,
-        mem_kb=None,
-        request=request,
-    )
