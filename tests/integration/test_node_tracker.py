@@ -342,7 +342,9 @@ async def test_stop_all_reports_node_fail(node: Harness) -> None:
     await node.started(1)
     await node.tracker.stop_all(JobResult.NODE_FAIL, "node daemon stopped")
     end = await node.ended(1, timeout=0.1)
-    assert end.result is JobResult.NODE_FAIL and end.comment == "node daemon stopped"
+    assert end.result is JobResult.NODE_FAIL
+    # The shell's child may outlive it by an instant and be killed as a leftover.
+    assert end.comment.startswith("node daemon stopped"), end.comment
     node.tracker.launch(node.spec(2, "true\n"))
     assert (await node.ended(2, timeout=0.1)).result is JobResult.NODE_FAIL
 
