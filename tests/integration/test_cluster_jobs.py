@@ -312,7 +312,9 @@ def test_accounting_of_a_busy_job(cluster: ClusterFactory) -> None:
     assert record["result"] == "completed", record
     elapsed = record["end_time"] - record["start_time"]
     assert 3.0 <= elapsed < 5.0, elapsed
-    assert record["cputime_s"] == pytest.approx(elapsed, rel=0.2)
+    # A busy loop bound to one CPU uses it all unless the shared machine runs
+    # something else there meanwhile: close to, never above, the elapsed time.
+    assert 0.7 * elapsed <= record["cputime_s"] <= 1.05 * elapsed, (record, elapsed)
     assert record["maxrss_kb"] > 0
     table = c.run("mb", "acct", "-j", jid, "-o", "JobID,JobName,State").stdout
     assert table.splitlines()[2].split() == [jid, "burn", "COMPLETED"]
