@@ -115,21 +115,30 @@ def validate(state: ServerState) -> None:
 
 
 def trace_job(
-    id: int, submit: float, procs: int, run: float, req: float | None = None
+    id: int,
+    submit: float,
+    run: float,
+    procs: int,
+    req: float | None = None,
+    user: str = "u",
+    machine: Machine | None = None,
+    mem_kb: int | None = None,
 ) -> TraceJob:
-    """A simulator job on a flat pool; ``req`` (requested time) defaults to ``run``."""
+    """A simulator job; ``req`` (requested time) defaults to ``run``, the machine
+    to one large flat pool."""
+    m = machine or Machine.pool(1 << 20)
     req_time = run if req is None else req
-    request = Machine.pool(1 << 20).request(procs, None, int(req_time))
+    request = m.request(procs, mem_kb, int(req_time))
     assert request is not None
     return TraceJob(
         id=id,
-        user="u",
+        user=user,
         group="g",
         queue="1",
         submit=submit,
         run_time=run,
         procs=procs,
         req_time=req_time,
-        mem_kb=None,
+        mem_kb=mem_kb,
         request=request,
     )

@@ -70,7 +70,7 @@ def test_easy_reservation_is_recomputed_every_pass():
     # Job 1 asks for 100 s and runs 30: the head's reservation, 100 when it
     # arrives, moves to 30 when job 1 ends; nothing is remembered between passes.
     machine = Machine.pool(4)
-    jobs = [trace_job(1, 0, 4, 30, req=100), trace_job(2, 1, 4, 10, req=10)]
+    jobs = [trace_job(1, 0, 30, 4, req=100), trace_job(2, 1, 10, 4, req=10)]
     out = {o.job.id: o for o in Simulator(Easy(), machine, jobs).run()}
     assert out[2].predicted == 100.0
     assert out[2].start == 30.0

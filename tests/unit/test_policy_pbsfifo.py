@@ -97,8 +97,8 @@ def test_a_stream_of_small_jobs_cannot_starve_a_wide_one_for_ever():
     # out. At 101 it starves: nothing else starts, the machine drains (the
     # last small job ends at 140), it runs 140-190, then the stream resumes.
     machine = Machine.pool(4)
-    jobs = [trace_job(1, 0, 1, 40), trace_job(100, 1, 4, 50)]
-    jobs += [trace_job(k, 10.0 * k, 1, 40) for k in range(2, 30)]
+    jobs = [trace_job(1, 0, 40, 1), trace_job(100, 1, 50, 4)]
+    jobs += [trace_job(k, 10.0 * k, 40, 1) for k in range(2, 30)]
     out = {
         o.job.id: o for o in Simulator(PbsFifo(starve_after=100), machine, jobs).run()
     }

@@ -11,35 +11,7 @@ from minibatch.policy.backfill import Easy
 from minibatch.policy.fifo import Fifo
 from minibatch.sim.engine import PlanRejected, RecordView, Simulator
 from minibatch.sim.machine import Machine
-from minibatch.sim.swf import TraceJob
-
-
-def tj(
-    id: int,
-    submit: float,
-    run: float,
-    procs: int,
-    req: float | None = None,
-    user: str = "u",
-    machine: Machine | None = None,
-    mem_kb: int | None = None,
-) -> TraceJob:
-    m = machine or Machine.pool(1 << 20)
-    req_time = run if req is None else req
-    request = m.request(procs, mem_kb, int(req_time))
-    assert request is not None
-    return TraceJob(
-        id=id,
-        user=user,
-        group="g",
-        queue="1",
-        submit=submit,
-        run_time=run,
-        procs=procs,
-        req_time=req_time,
-        mem_kb=mem_kb,
-        request=request,
-    )
+from tests.conftest import trace_job as tj
 
 
 def starts(outcomes) -> dict[int, float]:
