@@ -14,6 +14,7 @@ No test leaves a process behind, whatever it did.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -351,3 +352,19 @@ def cluster(tmp_path: Path) -> Iterator[ClusterFactory]:
     finally:
         for c in reversed(made):
             c.teardown()
+
+
+async def wait_file(path: Path, timeout: float = 5.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and (text := path.read_text()).endswith("\n"):
+            return text
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{path} was not written")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

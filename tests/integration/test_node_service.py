@@ -39,6 +39,7 @@ from minibatch.protocol.messages import (
     NodeHello,
     Ok,
 )
+from tests.integration.conftest import gone, wait_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -159,13 +160,13 @@ async def test_registers_launches_resends_and_stops(cluster) -> None:
     script = "(setsid env -i /bin/sh -c 'echo $$ > stray.pid; exec sleep 300' &)\n"
     await server.send(Launch(spec=spec(3, tmp, script + "sleep 30\n")))
     await server.expect(JobStarted)
-    stray = int((await _wait_file(tmp / "stray.pid")).strip())
+    stray = int((await wait_file(tmp / "stray.pid")).strip())
     daemon.send_signal(signal.SIGTERM)
     _, ended = await server.expect(JobEnded)
     assert (ended.job, ended.result) == (3, JobResult.NODE_FAIL)
     assert ended.comment.startswith("node daemon stopped")
     assert await asyncio.to_thread(daemon.wait, 5) == 0
-    assert not running(stray)
+    assert gone(stray)
 
 
 async def test_orphan_without_job_markers_is_killed(cluster) -> None:
@@ -179,25 +180,8 @@ async def test_orphan_without_job_markers_is_killed(cluster) -> None:
     )
     await server.send(Launch(spec=spec(1, tmp, script)))
     await server.expect(JobEnded)
-    stray = int((await _wait_file(tmp / "stray.pid")).strip())
+    stray = int((await wait_file(tmp / "stray.pid")).strip())
     deadline = time.monotonic() + 3
-    while running(stray) and time.monotonic() < deadline:
+    while not gone(stray) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert not running(stray)
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie: an exited orphan waits for init, which may be slow."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-async def _wait_file(path: Path, timeout: float = 5.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and (text := path.read_text()).endswith("\n"):
-            return text
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{path} was not written")
+    assert gone(stray)

@@ -28,6 +28,7 @@ from minibatch.node.launcher import Launcher
 from minibatch.node.procfs import kill_leftovers, set_child_subreaper
 from minibatch.node.tracker import Report, Tracker
 from minibatch.protocol.messages import JobEnded, JobStarted, LaunchSpec
+from tests.integration.conftest import gone, wait_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -115,22 +116,6 @@ async def node(tmp_path: Path):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         set_child_subreaper(False)
-
-
-async def wait_file(path: Path, timeout: float = 5.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and (text := path.read_text()).endswith("\n"):
-            return text
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{path} was not written")
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 async def test_whole_tree_bound_to_allocated_cpus(node: Harness) -> None:
