@@ -169,7 +169,7 @@ class Backfill:
             shape: Shape | None = None
             window = False  # fits now, but would run into a reservation
             if ppn <= widest:  # else it is wider than any node's free CPUs
-                mem = req.mem_kb
+                mem = req.mem_kb  # shape_of(req), inlined: once per candidate
                 shape = (count, ppn, 0 if mem is None else -(-mem // count), req.gpus)
                 end = now + req.walltime
                 bad = failed.get(shape)
@@ -221,7 +221,7 @@ class Backfill:
                     text = waiting[(count, ppn)] = waiting_reason(req, widest)
                 reasons[job.id] = text
                 continue
-            mem = req.mem_kb
+            mem = req.mem_kb  # shape_of(req), inlined: once per candidate
             shape = (count, ppn, 0 if mem is None else -(-mem // count), req.gpus)
             end = now + req.walltime
             bad = failed.get(shape)
