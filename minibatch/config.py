@@ -91,6 +91,10 @@ class SchedulerConfig(
     interval: float = 10.0
     #: Passes start at least this far apart; events in between fold into one pass.
     coalesce_ms: float = 2.0
+    #: The same while every CPU is allocated: no pass could start anything then
+    #: (the server itself starts the plan's upcoming jobs as CPUs free), so
+    #: passes only refresh reasons and the upcoming list, and may wait longer.
+    full_coalesce_ms: float = 25.0
 
 
 class NodeDaemonConfig(

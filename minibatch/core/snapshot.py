@@ -133,3 +133,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     default_reason: str = ""
     #: Predicted start times, where the policy can tell.
     predicted: dict[int, float] = {}
+    #: Jobs the policy would start next, in this order, each as soon as it fits:
+    #: the head of its priority order, less what this plan starts. Until the next
+    #: plan the server starts them itself when a job ends (stopping at the first
+    #: that does not fit), without waiting for a pass; see docs/architecture.md.
+    upcoming: list[int] = []

@@ -62,5 +62,5 @@ class Fifo:
             blocked[key] = job.id
             if key == "" and not book.views:
                 # Head blocked: stop to preserve FIFO order; the rest share a reason.
-                return p.plan(f"queued behind job {job.id} (fifo)")
-        return p.plan()
+                return p.plan(f"queued behind job {job.id} (fifo)", queue)
+        return p.plan(order=queue)

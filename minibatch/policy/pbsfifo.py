@@ -35,6 +35,7 @@ Parameters: ``starve_after`` (seconds or ``HH:MM:SS``, default 24 h; PBS's
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -78,14 +79,16 @@ class PbsFifo:
             if found is not None:
                 p.start(job, *found)
             elif self._halt(p, job):
-                return p.plan(f"held back: job {job.id} is starving (pbs-fifo)")
+                # Only the starving jobs may start until this one has.
+                held_back = f"held back: job {job.id} is starving (pbs-fifo)"
+                return p.plan(held_back, starving)
         for job in others:
             found = p.fit(job)
             if found is None:
                 p.reasons[job.id] = p.reason(job)
             else:
                 p.start(job, *found)
-        return p.plan()
+        return p.plan(order=itertools.chain(starving, others))
 
     def _halt(self, p: Pass, job: PendingView) -> bool:
         """``job`` is starving and does not fit: it gets its earliest start and

@@ -11,11 +11,17 @@ and :meth:`Pass.demand` (R^j).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan, Start
 from minibatch.policy.base import NEVER, reserved_reason, waiting_reason
 from minibatch.policy.book import Book
 from minibatch.policy.profile import Profile, shape_of
 from minibatch.policy.search import Shape
+
+#: How many jobs a plan names as ``upcoming``: enough to refill a small cluster
+#: several times over between passes, few enough to cost nothing to send.
+UPCOMING = 32
 
 
 class Pass:
@@ -212,11 +218,27 @@ class Pass:
             out.append(float(totals[2]))
         return out
 
-    def plan(self, default: str = "") -> Plan:
+    def plan(self, default: str = "", order: Iterable[PendingView] = ()) -> Plan:
+        """The plan so far; ``order`` is the priority order the pass walked, whose
+        head (less what starts now) becomes the plan's ``upcoming``."""
         return Plan(
             generation=self.snap.generation,
             starts=self.starts,
             reasons=self.reasons,
             predicted=self.predicted,
             default_reason=default,
+            upcoming=self._upcoming(order),
         )
+
+    def _upcoming(self, order: Iterable[PendingView]) -> list[int]:
+        # Jobs of advance reservations are left out: the server's fast start
+        # places jobs on the general nodes only.
+        started = {s.job for s in self.starts}
+        out: list[int] = []
+        for job in order:
+            if job.id in started or job.advres:
+                continue
+            out.append(job.id)
+            if len(out) == UPCOMING:
+                break
+        return out

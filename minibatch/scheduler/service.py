@@ -5,7 +5,7 @@ carrying a fresh snapshot; the scheduler plans it and sends the plan back. The
 server keeps one snapshot out at a time, so changes made during a pass fold into
 the next one, and pushes at most one per ``coalesce_ms``: an isolated event is
 planned at once, a burst of 1,000 submissions costs a few passes (Flux coalesces
-the same way). The scheduler says hello every second while idle, so a restarted
+the same way). The scheduler says hello every second, so a restarted
 server learns of it at once, and runs a pass of its own every ``interval``
 seconds: the safety net for anything missed.
 
@@ -47,7 +47,7 @@ log = logging.getLogger("minibatch.scheduler")
 
 #: Seconds between attempts to reach the server while unregistered.
 RETRY = 0.1
-#: Seconds between hellos while idle (how fast a restarted server hears of us).
+#: Seconds between hellos (how fast a restarted server hears of us).
 HELLO_EVERY = 1.0
 
 
@@ -131,18 +131,20 @@ class Scheduler:
     async def run(self, stop: asyncio.Event) -> None:
         self.client.start()
         registered = False
-        last_pass = time.monotonic()
+        last_pass = last_hello = time.monotonic()
         while not stop.is_set():
-            try:
-                # Registering makes the server push a snapshot; repeating it
-                # every second is how a restarted server learns of us quickly.
-                await self.hello()
-            except Unavailable:
-                if registered:
-                    log.warning("lost the server; retrying")
-                registered = False
-                await asyncio.sleep(RETRY)
-                continue
+            if not registered or time.monotonic() - last_hello >= HELLO_EVERY:
+                try:
+                    # Registering makes the server push a snapshot; repeating it
+                    # every second is how a restarted server learns of us quickly.
+                    await self.hello()
+                except Unavailable:
+                    if registered:
+                        log.warning("lost the server; retrying")
+                    registered = False
+                    await asyncio.sleep(RETRY)
+                    continue
+                last_hello = time.monotonic()
             if not registered:
                 registered = True
                 log.info("registered with the server (policy %s)", self.policy_label)

@@ -192,6 +192,10 @@ class NodeRegistry:
             node.mem_used.pop(job, None)
             node.misses.pop(job, None)
 
+    def any_free_cpu(self) -> bool:
+        """Whether some usable node has an unallocated CPU."""
+        return any(n.usable and len(n.used) < len(n.cpus) for n in self.nodes.values())
+
     def totals(self) -> tuple[int, int | None]:
         """CPUs and memory (KB, None if any node is unlimited) of the usable nodes."""
         usable = [n for n in self.nodes.values() if n.usable]

@@ -8,6 +8,7 @@ needed only after a release or a satisfied dependency, and is done lazily.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 
 from minibatch.core.job import Job
@@ -24,6 +25,8 @@ class PendingQueue:
         self._predicted: dict[int, float] = {}
         self._default = ""
         self._plan_time = 0.0
+        #: The last plan's ``upcoming``, consumed by :mod:`minibatch.server.dispatch`.
+        self.upcoming: deque[int] = deque()
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._views)
@@ -50,8 +53,10 @@ class PendingQueue:
         return tuple(self._views.values())
 
     def take_notes(self, plan: Plan, snapshot_time: float) -> None:
-        """Keep the plan's reasons and predicted starts (replacing the last)."""
+        """Keep the plan's reasons, predicted starts and upcoming jobs (replacing
+        the last plan's)."""
         self._reasons, self._predicted = plan.reasons, plan.predicted
+        self.upcoming = deque(plan.upcoming)
         self._default, self._plan_time = plan.default_reason, snapshot_time
 
     def explain(self, job: Job) -> None:

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Sequence
 
 import zmq
 
@@ -28,7 +29,7 @@ from minibatch.events.publisher import EventPublisher
 from minibatch.net.driver import Frames, SocketDriver
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import Error
-from minibatch.server import booking, liveness
+from minibatch.server import booking, dispatch, liveness
 from minibatch.server.handlers import HANDLERS, Context
 from minibatch.server.state import ServerState
 from minibatch.server.store import Store
@@ -66,8 +67,10 @@ class Server:
         self.publisher = EventPublisher(url, config.mqtt.topic_prefix)
         self.driver: SocketDriver | None = None
         self.coalesce = config.scheduler.coalesce_ms / 1000
+        self.full_coalesce = config.scheduler.full_coalesce_ms / 1000
         self._last_wake = 0.0
         self._wake_timer: asyncio.TimerHandle | None = None
+        self._wake_due = 0.0
         #: The next reservation start or end, and the timer armed for it.
         self._boundary: float | None = None
         self._boundary_timer: asyncio.TimerHandle | None = None
@@ -98,10 +101,17 @@ class Server:
             )
         return None if reply is None else encode(reply, re=rid)
 
-    def flush(self) -> None:
-        """Commit, then perform everything the state queued."""
+    def flush(self, replies: Sequence[tuple[bytes, bytes | None]] = ()) -> None:
+        """Start what the last plan has next, commit, then send ``replies`` and
+        perform everything the state queued."""
         state = self.state
+        if state.freed:
+            state.freed = False
+            dispatch.start_upcoming(state)
         state.store.commit()
+        for identity, reply in replies:
+            if reply is not None:
+                self._send(identity, reply)
         for identity, message in state.outbox:
             self._send(identity, encode(message))
         state.outbox.clear()
@@ -132,17 +142,29 @@ class Server:
         self.flush()
 
     def _wake_scheduler(self) -> None:
-        """Push a snapshot to the scheduler, at most one per ``coalesce`` seconds.
+        """Push a snapshot to the scheduler, at most one per ``coalesce`` seconds
+        (``full_coalesce`` while every CPU is allocated).
 
         An isolated change is planned at once; a burst (1,000 submissions) is
-        folded into a few passes instead of one each.
+        folded into a few passes instead of one each. While the cluster is full a
+        pass cannot start anything, so it waits longer; a CPU freed meanwhile
+        brings it forward.
         """
         state = self.state
-        if not state.wake or state.scheduler is None or self._wake_timer is not None:
+        if not state.wake or state.scheduler is None:
             return
-        gap = self._last_wake + self.coalesce - time.monotonic()
+        urgent = state.nodes.any_free_cpu()
+        due = self._last_wake + (self.coalesce if urgent else self.full_coalesce)
+        if self._wake_timer is not None:
+            if self._wake_due <= due:
+                return
+            self._wake_timer.cancel()
+            self._wake_timer = None
+        gap = due - time.monotonic()
         if gap > 0:
-            self._wake_timer = asyncio.get_running_loop().call_later(gap, self._rewake)
+            loop = asyncio.get_running_loop()
+            self._wake_due = due
+            self._wake_timer = loop.call_later(gap, self._rewake)
             return
         wake = state.take_wake()
         if wake is not None:
@@ -162,12 +184,7 @@ class Server:
 
     def on_batch(self, batch: list[Frames]) -> None:
         """Handle every waiting request, commit once, then reply."""
-        replies = [(frames[0].bytes, self.handle(frames)) for frames in batch]
-        self.state.store.commit()
-        for identity, reply in replies:
-            if reply is not None:
-                self._send(identity, reply)
-        self.flush()
+        self.flush([(frames[0].bytes, self.handle(frames)) for frames in batch])
 
     async def serve(self, stop: asyncio.Event) -> None:
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)

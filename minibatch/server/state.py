@@ -75,6 +75,8 @@ class ServerState:
         self.events: list[tuple[str, dict[str, Any]]] = []
         #: State changed since the scheduler's last snapshot.
         self.wake = False
+        #: A job released its CPUs: the plan's upcoming jobs may start.
+        self.freed = False
         #: A snapshot is out and its plan has not come back yet (server clock).
         self.plan_pending_since: float | None = None
         now = clock()
@@ -399,6 +401,7 @@ class ServerState:
         if was_active:
             self.qos.ended(job)
             self.history.job_ended(job)
+            self.freed = True
         job.reason, job.predicted_start = "", None
         if comment:
             job.comment = comment

@@ -1,5 +1,5 @@
-"""What survives: a server killed with SIGKILL, garbage on the server's socket, and
-a node daemon killed with SIGKILL."""
+"""What survives: a server killed with SIGKILL, garbage on the server's socket, a
+node daemon killed with SIGKILL, and a scheduler that stops answering."""
 
 from __future__ import annotations
 
@@ -315,3 +315,34 @@ def test_node_sigkill_fails_its_job_and_restart_cleans_up(
     assert c.job_procs(jid) == []
     assert c.nodes()[node].state == "free"
     check_alive(c)
+
+
+# ------------------------------------------------------- frozen scheduler
+
+
+def test_upcoming_jobs_start_while_the_scheduler_is_frozen(
+    cluster: ClusterFactory,
+) -> None:
+    """The server starts the last plan's upcoming jobs itself as CPUs free up,
+    in order, so a stalled scheduler delays backfill, not the queue's head."""
+    c = cluster(nodes=1, cpus_per_node=1)
+    first = c.qsub("--", "sleep", "1.5")
+    rest = [c.qsub("-N", f"next{i}", "--", "true") for i in range(3)]
+    c.wait_state(first, "running")
+    # A plan that saw all three has come back (its reasons replace the default).
+    c.wait_for(
+        lambda: all(c.job(j)["reason"] != "waiting for the scheduler" for j in rest),
+        what="a plan covering the queue",
+    )
+    scheduler = psutil.Process(c.pids()["scheduler"])
+    scheduler.suspend()
+    try:
+        c.wait_for(lambda: scheduler.status() == psutil.STATUS_STOPPED)
+        records = [c.wait_state(j, "finished", timeout=10) for j in rest]
+        assert scheduler.status() == psutil.STATUS_STOPPED
+    finally:
+        scheduler.resume()
+    assert [r["result"] for r in records] == ["completed"] * 3
+    starts = [r["start_time"] for r in records]
+    assert starts == sorted(starts)
+    assert starts[0] >= c.job(first)["end_time"]

@@ -1,10 +1,15 @@
-"""FIFO and EASY on hand-made snapshots: what starts, what waits, and why."""
+"""FIFO and EASY on hand-made snapshots: what starts, what waits, and why, and
+what the plan says starts next."""
 
 from __future__ import annotations
 
+import msgspec
+
 from minibatch.core.snapshot import Start
-from minibatch.policy.backfill import Easy
+from minibatch.policy.backfill import Backfill, Easy
 from minibatch.policy.fifo import Fifo
+from minibatch.policy.pbsfifo import PbsFifo
+from minibatch.policy.planning import UPCOMING
 from tests.conftest import snapshot
 
 
@@ -59,3 +64,22 @@ def test_easy_overrunning_job_counts_as_ending_now():
 def test_easy_is_fifo_when_nothing_can_backfill():
     snap = snapshot([2], pending=[(1, 1, 10), (2, 1, 10), (3, 1, 10)])
     assert started(Easy().plan(snap)) == [1, 2]
+
+
+def test_plans_name_the_head_of_the_queue_as_upcoming():
+    # 2 CPUs free: jobs 1 and 2 start; the rest, in order, are what starts next.
+    snap = snapshot([2], pending=[(1, 1, 10), (2, 1, 10), (3, 2, 10), (4, 1, 10)])
+    for policy in (Fifo(), Easy(), Backfill(depth="all"), PbsFifo()):
+        plan = policy.plan(snap)
+        assert started(plan) == [1, 2], policy.name
+        assert plan.upcoming == [3, 4], policy.name
+
+
+def test_upcoming_is_bounded_and_leaves_out_reservation_jobs():
+    pending = [(i, 1, 10) for i in range(1, 101)]
+    snap = snapshot([1], running=[(0, 1, 0, 100)], pending=pending)
+    plan = Easy().plan(snap)
+    assert plan.upcoming == list(range(1, UPCOMING + 1))
+    inside = msgspec.structs.replace(snap.pending[0], advres="r1")
+    snap = msgspec.structs.replace(snap, pending=(inside, *snap.pending[1:3]))
+    assert Fifo().plan(snap).upcoming == [2, 3]

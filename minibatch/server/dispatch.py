@@ -1,0 +1,64 @@
+"""Starting the plan's upcoming jobs the moment a job ends, without a pass.
+
+Every plan names its ``upcoming`` jobs: the head of the policy's priority order,
+which the policy would start, in that order, as soon as each fits. When a job
+ends, the server starts them itself, strictly in order, and stops at the first
+that does not fit; the scheduler's next pass (woken as usual) does everything
+else: backfill, reservations, reasons. This is how Slurm splits the work too:
+slurmctld runs its main scheduler, priority order only, at each job end, and
+backfill runs as its own periodic pass.
+
+An in-order start of the head is what every priority policy's pass would do
+with the same queue, so it takes no decision from the policy; it only saves the
+round trip to the scheduler (two of the four messages between one job's end
+and the next one's start). What the pass would do differently is bounded:
+
+* a job submitted after the plan, even of higher priority, waits for the next
+  pass (a few milliseconds later);
+* placement is first fit over the nodes in their order (policies choose among
+  equally good nodes the same way, but ``select=bestfit`` may pick another).
+
+Every start is validated by :meth:`ServerState.start` exactly like a planned one
+(QOS limits, advance reservations, free CPUs and memory), so nothing here can
+over-allocate; a refusal just ends the walk.
+"""
+
+from __future__ import annotations
+
+from minibatch.core.job import JobRequest, JobState
+from minibatch.policy.base import mem_per_node
+from minibatch.server.nodes import NodeRegistry
+from minibatch.server.state import ServerState
+
+
+def first_fit(nodes: NodeRegistry, req: JobRequest) -> tuple[str, ...] | None:
+    """The first ``req.nodes`` usable nodes with the job's CPUs and memory free."""
+    mem = mem_per_node(req)
+    names: list[str] = []
+    for node in nodes.nodes.values():
+        if not node.usable or len(node.cpus) - len(node.used) < req.ppn:
+            continue
+        free_mem = node.free_mem_kb()
+        if mem is not None and free_mem is not None and free_mem < mem:
+            continue
+        names.append(node.name)
+        if len(names) == req.nodes:
+            return tuple(names)
+    return None
+
+
+def start_upcoming(state: ServerState) -> list[int]:
+    """Start the last plan's upcoming jobs while they fit; the ids started."""
+    upcoming = state.queue.upcoming
+    started: list[int] = []
+    while upcoming:
+        job = state.jobs.get(upcoming[0])
+        if job is None or job.state is not JobState.QUEUED:
+            upcoming.popleft()  # started, held, cancelled or gone since the plan
+            continue
+        names = first_fit(state.nodes, job.request)
+        if names is None or state.start(job.id, names) is not None:
+            break
+        upcoming.popleft()
+        started.append(job.id)
+    return started
