@@ -7,8 +7,7 @@ which checks it against :data:`TRANSITIONS`, so an impossible change is an error
 never a silent corruption.
 """
 
-from __future__ import annotations
-
+# Annotations evaluated at import: see minibatch/protocol/messages.py.
 from enum import StrEnum
 from typing import Final
 

@@ -6,8 +6,7 @@ without users is a *downtime* (system) reservation: no job may use its CPUs
 during the window, which is how maintenance is announced ahead of time.
 """
 
-from __future__ import annotations
-
+# Annotations evaluated at import: see minibatch/protocol/messages.py.
 import re
 from typing import Final
 

@@ -5,8 +5,7 @@ and the simulator build snapshots the same way, so a policy cannot tell them apa
 Policies see requested walltimes only, never real run times.
 """
 
-from __future__ import annotations
-
+# Annotations evaluated at import: see minibatch/protocol/messages.py.
 from collections.abc import Sequence
 
 import msgspec

@@ -4,8 +4,7 @@
 (as jupyter's parent header does), so a client can match replies to requests.
 """
 
-from __future__ import annotations
-
+# Annotations evaluated at import: see minibatch/protocol/messages.py.
 import msgspec
 
 from minibatch.errors import ErrorCode, ProtocolError

@@ -88,10 +88,14 @@ def check_spec(spec: JobSpec) -> None:
             raise InvalidArgument("array indices must be distinct and non-negative")
 
 
-def _output_path(spec: JobSpec, given: str | None, kind: str, suffix: str) -> str:
+def _output_path(spec: JobSpec, given: str | None, kind: str) -> tuple[str, bool]:
+    """The path given, or the default path's prefix (True) that each job's
+    suffix completes (``NAME.o12``, ``NAME.o12-3`` for task 3 of array 12)."""
     if given:
-        return given if os.path.isabs(given) else os.path.join(spec.workdir, given)
-    return os.path.join(spec.workdir, f"{spec.name}.{kind}{suffix}")
+        return given if os.path.isabs(given) else os.path.join(
+            spec.workdir, given
+        ), False
+    return os.path.join(spec.workdir, f"{spec.name}.{kind}"), True
 
 
 def build_jobs(
@@ -99,6 +103,9 @@ def build_jobs(
 ) -> list[Job]:
     """One record, or one per array index with consecutive ids from ``first_id``."""
     indices: list[int | None] = list(spec.array) if spec.array else [None]
+    user, group = caller.user, caller.group  # each is a passwd/group lookup
+    out, out_prefix = _output_path(spec, spec.stdout_path, "o")
+    err, err_prefix = _output_path(spec, spec.stderr_path, "e")
     jobs = []
     for offset, index in enumerate(indices):
         jid = first_id + offset
@@ -107,10 +114,10 @@ def build_jobs(
             Job(
                 id=jid,
                 name=spec.name,
-                user=caller.user,
+                user=user,
                 uid=caller.uid,
                 gid=caller.gid,
-                group=caller.group,
+                group=group,
                 workdir=spec.workdir,
                 request=spec.request,
                 submit_time=now,
@@ -118,8 +125,8 @@ def build_jobs(
                 script=spec.script,
                 argv=spec.argv,
                 env=spec.env,
-                stdout_path=_output_path(spec, spec.stdout_path, "o", suffix),
-                stderr_path=_output_path(spec, spec.stderr_path, "e", suffix),
+                stdout_path=out + suffix if out_prefix else out,
+                stderr_path=err + suffix if err_prefix else err,
                 join=spec.join,
                 depends=spec.depends,
                 array_id=None if index is None else first_id,
