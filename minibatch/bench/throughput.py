@@ -10,7 +10,9 @@ core, the embedded broker publishing every event) and measures:
   time on an idle cluster (start = the node daemon's spawn time);
 * ``idle``: CPU % and RSS of each daemon over 5 s with nothing to do;
 * ``qsub_wall_ms`` / ``array1000_wall_ms``: wall time of the ``qsub`` command itself,
-  for one job and for a 1,000-task array.
+  for one job and for a 1,000-task array;
+* ``python_startup_ms``: wall time of ``python -c pass``, the yardstick for the
+  command times (on a shared VM it swings by 1.5x within minutes).
 
 Rates are medians over ``repeat`` runs. Wall-clock numbers on a shared machine are
 noisy: compare medians and ratios, never single runs.
@@ -187,6 +189,8 @@ def run(jobs: int = 1000, submits: int = 2000, repeat: int = 3) -> dict[str, Any
             result["qsub_wall_ms"] = round(command_wall_ms(qsub, env, 10), 1)
             array = [str(bindir / "qsub"), "-h", "-t", "1-1000", "--", "/bin/true"]
             result["array1000_wall_ms"] = round(command_wall_ms(array, env, 3), 1)
+            bare = [sys.executable, "-c", "pass"]
+            result["python_startup_ms"] = round(command_wall_ms(bare, env, 10), 1)
             held: JobList = client.call(QueryJobs())
             _cancel(client, [j.id for j in held.jobs])
     finally:
@@ -208,6 +212,7 @@ def render(result: dict[str, Any]) -> str:
         f"submit-to-start latency p95  {result['latency_p95_ms']:>10} ms",
         f"qsub wall time               {result['qsub_wall_ms']:>10} ms",
         f"qsub -t 1-1000 wall time     {result['array1000_wall_ms']:>10} ms",
+        f"python -c pass (yardstick)   {result['python_startup_ms']:>10} ms",
         "idle daemons:",
     ]
     for name, usage in result["idle"].items():

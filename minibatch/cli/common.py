@@ -14,7 +14,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from minibatch.errors import InvalidArgument, MinibatchError, Unavailable
 
@@ -69,6 +69,29 @@ def fail(prog: str, message: str, code: int = ERROR_EXIT) -> None:
     """Print ``prog: message`` on stderr and exit with ``code``."""
     print(f"{prog}: {message}", file=sys.stderr)
     raise SystemExit(code)
+
+
+def run_and_exit(command: Callable[[], None]) -> NoReturn:
+    """Run a console script's body, then end the process without tearing the
+    interpreter down: its output is flushed and its request answered by then,
+    and the teardown (freeing every module, closing the ZeroMQ context) is
+    10-15 ms of a command that scripts call in loops."""
+    code: int | str | None = 0
+    try:
+        command()
+    except SystemExit as exc:
+        code = exc.code
+    except BrokenPipeError:  # the reader went away (qsub | head -c0)
+        code = ERROR_EXIT
+    if isinstance(code, str):  # SystemExit("message"): print it, exit 1
+        print(code, file=sys.stderr)
+        code = ERROR_EXIT
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:  # a closed pipe (qsub | head -0): nothing left to tell
+            code = code or ERROR_EXIT
+    os._exit(code or 0)
 
 
 @contextmanager

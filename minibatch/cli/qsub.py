@@ -16,7 +16,7 @@ import pwd
 import shlex
 import sys
 from collections.abc import Mapping
-from typing import Any, NamedTuple, TextIO
+from typing import Any, NamedTuple, NoReturn, TextIO
 
 import msgspec
 
@@ -294,9 +294,9 @@ def run(argv: list[str], prog: str = "qsub") -> None:
     print(reply.display)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """The ``qsub`` entry point."""
-    run(sys.argv[1:] if argv is None else argv)
+def main() -> NoReturn:
+    """The ``qsub`` console script."""
+    common.run_and_exit(lambda: run(sys.argv[1:]))
 
 
 def _build_typer_objects() -> dict[str, Any]:

@@ -18,7 +18,7 @@ def test_client_side_errors_send_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for argv in (["missing.sh"], ["-l", "ncpus=0", "--", "true"], ["-Q"]):
         with pytest.raises(SystemExit) as exc:
-            qsub.main(argv)
+            qsub.run(argv)
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert err.startswith("qsub: ") and err.count("\n") == 1
@@ -35,7 +35,7 @@ def test_submit_prints_the_id(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr("minibatch.cli.common.call", fake_call)
     monkeypatch.chdir(tmp_path)
-    qsub.main(["-t", "1-2", "--", "true"])
+    qsub.run(["-t", "1-2", "--", "true"])
     assert capsys.readouterr().out == "5[]\n"
     assert isinstance(sent[0], Submit) and sent[0].spec.workdir == str(tmp_path)
 
@@ -48,7 +48,7 @@ def test_server_rejection_exits_1(monkeypatch, capsys):
 
     monkeypatch.setattr("minibatch.cli.common.call", refuse)
     with pytest.raises(SystemExit) as exc:
-        qsub.main(["--", "true"])
+        qsub.run(["--", "true"])
     assert exc.value.code == 1
     assert (
         capsys.readouterr().err
