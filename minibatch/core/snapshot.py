@@ -114,6 +114,9 @@ class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     #: time), oldest first, at most 10.
     accuracy: dict[str, tuple[float, ...]] = {}
     qos: dict[str, QosView] = {}
+    #: How many jobs the plan should name as ``upcoming`` (0: none; the
+    #: simulator plans every instant and has no use for them).
+    upcoming: int = 0
 
 
 class Start(msgspec.Struct, frozen=True):

@@ -19,10 +19,6 @@ from minibatch.policy.book import Book
 from minibatch.policy.profile import Profile, shape_of
 from minibatch.policy.search import Shape
 
-#: How many jobs a plan names as ``upcoming``: enough to refill a small cluster
-#: several times over between passes, few enough to cost nothing to send.
-UPCOMING = 32
-
 
 class Pass:
     """The state of one planning pass: the profile book and the plan so far.
@@ -233,12 +229,15 @@ class Pass:
     def _upcoming(self, order: Iterable[PendingView]) -> list[int]:
         # Jobs of advance reservations are left out: the server's fast start
         # places jobs on the general nodes only.
+        limit = self.snap.upcoming
+        if limit <= 0:
+            return []
         started = {s.job for s in self.starts}
         out: list[int] = []
         for job in order:
             if job.id in started or job.advres:
                 continue
             out.append(job.id)
-            if len(out) == UPCOMING:
+            if len(out) == limit:
                 break
         return out

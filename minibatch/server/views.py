@@ -12,6 +12,11 @@ from minibatch.policy.base import mem_per_node
 if TYPE_CHECKING:
     from minibatch.server.state import ServerState
 
+#: How many upcoming jobs each plan names (see :mod:`minibatch.server.dispatch`):
+#: enough to refill a small cluster several times over between passes, few
+#: enough to cost a pass nothing.
+UPCOMING = 32
+
 
 def snapshot(state: ServerState, now: float) -> ClusterSnapshot:
     """The policy's whole world at ``now``.
@@ -53,6 +58,7 @@ def snapshot(state: ServerState, now: float) -> ClusterSnapshot:
         fairshare=state.history.fairshare(now, (state.jobs[j] for j in state.active)),
         accuracy=state.history.accuracy(),
         qos=qos.views,
+        upcoming=UPCOMING,
     )
 
 

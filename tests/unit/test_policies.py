@@ -9,7 +9,6 @@ from minibatch.core.snapshot import Start
 from minibatch.policy.backfill import Backfill, Easy
 from minibatch.policy.fifo import Fifo
 from minibatch.policy.pbsfifo import PbsFifo
-from minibatch.policy.planning import UPCOMING
 from tests.conftest import snapshot
 
 
@@ -69,6 +68,8 @@ def test_easy_is_fifo_when_nothing_can_backfill():
 def test_plans_name_the_head_of_the_queue_as_upcoming():
     # 2 CPUs free: jobs 1 and 2 start; the rest, in order, are what starts next.
     snap = snapshot([2], pending=[(1, 1, 10), (2, 1, 10), (3, 2, 10), (4, 1, 10)])
+    assert Easy().plan(snap).upcoming == []  # not asked for (the simulator)
+    snap = msgspec.structs.replace(snap, upcoming=8)
     for policy in (Fifo(), Easy(), Backfill(depth="all"), PbsFifo()):
         plan = policy.plan(snap)
         assert started(plan) == [1, 2], policy.name
@@ -78,8 +79,9 @@ def test_plans_name_the_head_of_the_queue_as_upcoming():
 def test_upcoming_is_bounded_and_leaves_out_reservation_jobs():
     pending = [(i, 1, 10) for i in range(1, 101)]
     snap = snapshot([1], running=[(0, 1, 0, 100)], pending=pending)
+    snap = msgspec.structs.replace(snap, upcoming=32)
     plan = Easy().plan(snap)
-    assert plan.upcoming == list(range(1, UPCOMING + 1))
+    assert plan.upcoming == list(range(1, 33))
     inside = msgspec.structs.replace(snap.pending[0], advres="r1")
     snap = msgspec.structs.replace(snap, pending=(inside, *snap.pending[1:3]))
     assert Fifo().plan(snap).upcoming == [2, 3]
