@@ -23,7 +23,7 @@ import typer
 
 from minibatch.cli import common
 from minibatch.cli.ranking import Ranking, maui_date, maui_duration, rank
-from minibatch.core.job import Job, JobResult, JobState
+from minibatch.core.job import Job, JobResult, JobState, eligible_time
 from minibatch.core.snapshot import ClusterSnapshot
 from minibatch.core.units import format_cpu_list, format_size_kb
 from minibatch.errors import InvalidArgument
@@ -235,7 +235,8 @@ def render_checkjob(job: Job, reply: DiagnoseReply, now: float) -> str:
         f"account:{job.account or '-'}  qos:{job.qos or '-'}",
         f"WallTime: {maui_duration(ran)} of {maui_duration(req.walltime)}",
         f"SubmitTime: {maui_date(job.submit_time)}",
-        f"  (Time Queued  Total: {maui_duration(queued_until - job.submit_time)})",
+        f"  (Time Queued  Total: {maui_duration(queued_until - job.submit_time)}"
+        f"  Eligible: {maui_duration(eligible_time(job, now))})",
         "",
         f"Total Tasks: {req.cpus}",
         "",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from minibatch.core.job import Job, JobState, state_letter
+from minibatch.core.job import Job, JobState, eligible_time, state_letter
 from minibatch.core.units import format_cpu_list, format_duration, format_size_kb
 from minibatch.protocol.messages import NodeInfo
 
@@ -141,6 +141,7 @@ def _full_attrs(job: Job, now: float) -> list[tuple[str, str | None]]:
         ("Join_Path", "oe" if job.join else "n"),
         ("Output_Path", job.stdout_path or None),
         ("qtime", _ctime(job.submit_time)),
+        ("eligible_time", format_duration(eligible_time(job, now))),
         ("Resource_List.mem", format_size_kb(req.mem_kb) if req.mem_kb else None),
         ("Resource_List.ncpus", str(req.cpus)),
         ("Resource_List.nodect", str(req.nodes)),

@@ -174,12 +174,31 @@ class Job(msgspec.Struct, kw_only=True):
     account: str = ""
     qos: str = ""
     advres: str = ""
+    #: Eligible time (PBS ``eligible_time``): seconds spent queued (not held,
+    #: dependencies met) before the current queued period, and when that period
+    #: began (None while the job is not queued).
+    eligible_s: float = 0.0
+    queued_since: float | None = None
 
     @property
     def display_id(self) -> str:
         if self.array_id is None:
             return str(self.id)
         return f"{self.array_id}[{self.array_index}]"
+
+
+def eligible_since(job: Job) -> float | None:
+    """The instant from which the job's eligible time counts, so that its eligible
+    time is ``now - eligible_since`` (None while it is not queued)."""
+    if job.queued_since is None:
+        return None
+    return job.queued_since - job.eligible_s
+
+
+def eligible_time(job: Job, now: float) -> float:
+    """Seconds the job has been eligible to run, held and waiting time excluded."""
+    since = eligible_since(job)
+    return job.eligible_s if since is None else max(0.0, now - since)
 
 
 def transition(job: Job, to: JobState) -> str:

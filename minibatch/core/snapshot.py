@@ -59,6 +59,13 @@ class PendingView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     qos: str = ""
     #: The advance reservation the job must run inside ("" = none).
     advres: str = ""
+    #: Its eligible time is ``now - eligible_since`` (held time excluded);
+    #: None: count from ``submit_time`` (the simulator's jobs are never held).
+    eligible_since: float | None = None
+
+    @property
+    def eligible_from(self) -> float:
+        return self.submit_time if self.eligible_since is None else self.eligible_since
 
 
 class ReservationView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

@@ -20,10 +20,10 @@ skipping those that do not. Fits
 means on its nodes, for its requested time, clear of advance reservations (a
 job inside an advance reservation fits in that reservation's CPUs).
 
-Eligible time: the snapshot lists only eligible jobs (not held, dependencies
-met) and carries their submission time, so a job's eligible time is counted
-from its submission (``now - submit_time``); a job once held counts its held
-time too.
+Eligible time, as PBS's ``eligible_time``: the time a job has spent queued,
+not held and with its dependencies met (``now - eligible_since``; the server
+accrues it across holds and releases). A job without one (the simulator's,
+never held) counts from its submission.
 
 Guarantee: a starving job never waits for a job that started after it began
 starving. Without starving jobs nothing is kept idle: every job that fits starts.
@@ -71,7 +71,7 @@ class PbsFifo:
         if self.help_starving_jobs:
             cut = now - self.starve_after
             for job in queue:
-                (starving if job.submit_time <= cut else others).append(job)
+                (starving if job.eligible_from <= cut else others).append(job)
         else:
             others = list(queue)
         for job in starving:
@@ -97,7 +97,7 @@ class PbsFifo:
         if view is None:
             p.reasons[job.id] = p.book.refusals[job.id]
             return False
-        waited = humanize_duration(p.now - job.submit_time)
+        waited = humanize_duration(p.now - job.eligible_from)
         limit = humanize_duration(self.starve_after)
         note = f"starving (eligible {waited}, more than {limit}); nothing else starts"
         return bool(p.reserve(job, view, job.advres, f"{p.reason(job)}; {note}"))

@@ -217,7 +217,9 @@ class Scorer:
         return self._fs
 
     def _queued(self, job: PendingView) -> float:
-        return max(0.0, self.now - job.submit_time)
+        # Maui's EffQTime under its default JOBPRIOACCRUALPOLICY (QUEUEPOLICY):
+        # priority accrues only while the job is eligible, not while held.
+        return max(0.0, self.now - job.eligible_from)
 
     def _queuetime(self, job: PendingView) -> float:
         return self._queued(job) / 60.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minibatch.core.job import Job
+from minibatch.core.job import Job, eligible_since
 from minibatch.core.snapshot import PendingView
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import LaunchSpec
@@ -62,4 +62,5 @@ def pending_view(job: Job) -> PendingView:
         account=job.account,
         qos=job.qos,
         advres=job.advres,
+        eligible_since=eligible_since(job),
     )

@@ -135,6 +135,7 @@ def build_jobs(
                 account=spec.account,
                 qos=spec.qos,
                 advres=spec.advres,
+                queued_since=now if state is JobState.QUEUED else None,
             )
         )
     return jobs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from minibatch.errors import InvalidArgument
@@ -108,3 +109,21 @@ def test_a_stream_of_small_jobs_cannot_starve_a_wide_one_for_ever():
     # Without the mechanism it waits until the stream ends.
     free = Simulator(PbsFifo(help_starving_jobs=False), machine, jobs).run()
     assert {o.job.id: o.start for o in free}[100] > 300
+
+
+def test_held_time_does_not_count_toward_starving():
+    # Submitted 25 h ago but eligible only for the last hour (held before):
+    # not starving, so job 3 starts beside it.
+    held_long = msgspec.structs.replace(
+        job(2, 4, 10, submit=0.0), eligible_since=24 * H
+    )
+    s = snap(
+        [4],
+        [running(1, {"n0": 2}, 0, 30 * H)],
+        [held_long, job(3, 1, 10, submit=24 * H)],
+        now=25 * H,
+    )
+    assert started(PbsFifo().plan(s)) == [3]
+    eligible_long = msgspec.structs.replace(held_long, eligible_since=0.5 * H)
+    s = msgspec.structs.replace(s, pending=(eligible_long, s.pending[1]))
+    assert started(PbsFifo().plan(s)) == []  # eligible 24.5 h: starving

@@ -73,6 +73,15 @@ def test_defaults_are_fifo_by_queue_time():
     assert [p.id for p in priority_order(snap(fresh), w)] == [5, 4]
 
 
+def test_queue_time_accrues_only_while_eligible():
+    # Maui's default JOBPRIOACCRUALPOLICY: held time earns no priority.
+    w = PriorityWeights()
+    held = job(1, NOW - 3600, eligible_since=NOW - 600)
+    assert breakdown(held, snap([held]), w)["serv.queuetime"] == 10.0
+    fresh = job(2, NOW - 1200)
+    assert [p.id for p in priority_order(snap([held, fresh]), w)] == [2, 1]
+
+
 def test_every_subfactor():
     w = PriorityWeights(
         userweight=1,

@@ -11,6 +11,7 @@ from minibatch.core.job import (
     JobResult,
     JobSpec,
     JobState,
+    eligible_time,
 )
 from minibatch.errors import (
     InfeasibleRequest,
@@ -170,3 +171,19 @@ def test_heartbeats_that_omit_a_job_mark_it_lost(server_state: ServerState):
 def test_store_rejects_unknown_synchronous_mode(tmp_path):
     with pytest.raises(ValueError, match="normal or full"):
         Store(tmp_path / "x.db", synchronous="sometimes")
+
+
+def test_eligible_time_accrues_only_while_queued(server_state: ServerState, clock):
+    (job,) = server_state.submit(spec(), ME)  # queued at t0
+    t0 = clock.t
+    clock.t += 10
+    server_state.hold(job)
+    clock.t += 1000  # held: not eligible
+    server_state.release(job)
+    clock.t += 5
+    assert eligible_time(job, clock.t) == 15
+    view = server_state.snapshot().pending[0]
+    assert view.eligible_since == t0 + 1000 and view.eligible_from == t0 + 1000
+    assert server_state.start(job.id, ("n0",)) is None
+    clock.t += 50  # running: the eligible time stays what it was
+    assert (job.queued_since, eligible_time(job, clock.t)) == (None, 15)
