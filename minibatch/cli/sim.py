@@ -3,7 +3,7 @@
 
     mb sim TRACE --policy easy [--param k=v] [--procs N | --nodes N --cpus-per-node C]
            [--mem 96gb] [--limit N] [--estimates trace|exact] [--kill-at-walltime]
-           --out DIR
+           [--downtime START,LENGTH[,CPUS]] --out DIR
     mb report DIR | --live [--out DIR]
     mb compare TRACE --policies fifo,easy [...] [--out DIR]
     mb compare TRACE --live-vs-sim --policy easy      (TRACE from ``mb acct --swf``)
@@ -69,6 +69,15 @@ KillOpt = Annotated[
     bool,
     typer.Option("--kill-at-walltime", help="End jobs at their requested time."),
 ]
+DowntimeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--downtime",
+        help="START,LENGTH[,CPUS]: CPUs reserved for nobody, START after the "
+        "first submission (repeatable).",
+        show_default=False,
+    ),
+]
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
@@ -105,8 +114,10 @@ def build_config(
     limit: int | None,
     estimates: str,
     kill_at_walltime: bool,
+    downtimes: list[str] | None = None,
 ) -> SimConfig:
     """A :class:`~minibatch.sim.runner.SimConfig` from command-line values."""
+    from minibatch.sim import downtime
     from minibatch.sim.runner import MachineSpec, SimConfig
     from minibatch.sim.swf import Estimates, MemoryUnit
 
@@ -125,6 +136,7 @@ def build_config(
         estimates=est,
         kill_at_walltime=kill_at_walltime,
         mem_unit=unit,
+        downtimes=tuple(downtime.parse(d) for d in downtimes or ()),
     )
 
 
@@ -177,6 +189,7 @@ def sim_command(
     limit: LimitOpt = None,
     estimates: EstimatesOpt = "trace",
     kill_at_walltime: KillOpt = False,
+    downtime: DowntimeOpt = None,
     progress: Annotated[
         bool | None,
         typer.Option("--progress/--no-progress", help="Progress bar on stderr."),
@@ -192,7 +205,7 @@ def sim_command(
     with common.reporting("mb sim"):
         config = build_config(
             trace, policy, param, procs, nodes, cpus_per_node, mem, machines,
-            mem_unit, limit, estimates, kill_at_walltime,
+            mem_unit, limit, estimates, kill_at_walltime, downtime,
         )  # fmt: skip
         work = runner.load(config)
         show = _want_progress(progress) and len(work.jobs) >= 10_000
@@ -345,6 +358,7 @@ def compare_command(
     limit: LimitOpt = None,
     estimates: EstimatesOpt = "trace",
     kill_at_walltime: KillOpt = False,
+    downtime: DowntimeOpt = None,
     out: Annotated[
         str | None,
         typer.Option(
@@ -365,7 +379,7 @@ def compare_command(
     with common.reporting("mb compare"):
         config = build_config(
             trace, policy, param, procs, nodes, cpus_per_node, mem, machines,
-            mem_unit, limit, estimates, kill_at_walltime,
+            mem_unit, limit, estimates, kill_at_walltime, downtime,
         )  # fmt: skip
         if live_vs_sim:
             result = comparing.live_vs_sim(config)

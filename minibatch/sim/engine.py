@@ -21,6 +21,10 @@ start; the queue and the running set are insertion-ordered dicts, and a snapshot
 gets read-only *views* of them (:class:`RecordView`), so a pass never copies or
 re-sorts the queue. A view refuses to be read after the simulator has moved on.
 
+Downtimes (:mod:`minibatch.sim.downtime`) are advance reservations for nobody:
+every snapshot lists those not yet over, their starts and ends are instants with
+a pass, and each start is checked against them as the server checks it.
+
 Usage and accuracy: a policy that declares ``needs`` ("fairshare", "accuracy"; see
 :mod:`minibatch.policy.ordered`) gets ``snap.fairshare`` (decayed usage per user
 and group, from a :class:`~minibatch.core.usage.UsageLedger` fed with every start
@@ -41,6 +45,7 @@ from minibatch.core.snapshot import (
     FairshareView,
     NodeView,
     PendingView,
+    ReservationView,
     RunningView,
 )
 from minibatch.core.usage import (
@@ -51,7 +56,7 @@ from minibatch.core.usage import (
     processor_equivalent,
 )
 from minibatch.policy.base import Policy, mem_per_node
-from minibatch.sim.machine import Machine
+from minibatch.sim.machine import Machine, NodeSpec
 from minibatch.sim.swf import TraceJob
 
 T = TypeVar("T")
@@ -145,6 +150,7 @@ class Simulator:
         jobs: jobs from :func:`~minibatch.sim.swf.select_jobs`; ids must be unique.
         kill_at_walltime: end a job at its requested time if it runs longer.
         progress: optional callback, called every few thousand arrivals.
+        reservations: downtimes (reservations without users) on the machine.
     """
 
     def __init__(
@@ -155,7 +161,11 @@ class Simulator:
         *,
         kill_at_walltime: bool = False,
         progress: Progress | None = None,
+        reservations: Sequence[ReservationView] = (),
     ) -> None:
+        if any(r.users for r in reservations):
+            raise ValueError("the simulator models downtimes only (no users)")
+        self.reservations = tuple(sorted(reservations, key=lambda r: r.start))
         self.policy = policy
         self.machine = machine
         self.jobs = sorted(jobs, key=lambda j: (j.submit, j.id))
@@ -197,6 +207,12 @@ class Simulator:
         running: dict[int, RunningView] = {}
         by_id = {j.id: j for j in jobs}
         ends: list[tuple[float, int]] = []
+        # Downtime boundaries are instants too: id -1 marks them in the heap.
+        reservations = self.reservations
+        active = reservations
+        for r in reservations:
+            ends.extend(((r.start, -1), (r.end, -1)))
+        heapq.heapify(ends)
         started: dict[int, tuple[float, float, tuple[str, ...]]] = {}
         predicted: dict[int, float] = {}
         kill = self.kill_at_walltime
@@ -221,6 +237,9 @@ class Simulator:
             # 1. Ends first: CPUs freed at an instant are usable by arrivals at it.
             while ends and ends[0][0] <= now:
                 end, jid = heapq.heappop(ends)
+                if jid < 0:
+                    active = tuple(r for r in reservations if r.end > now)
+                    continue
                 done = running.pop(jid)
                 if accounting:
                     if ledger is not None:
@@ -273,6 +292,7 @@ class Simulator:
                     nodes=node_views,
                     running=RecordView(running, clock),
                     pending=RecordView(queue, clock),
+                    reservations=active,
                     fairshare=no_usage if ledger is None else ledger.view(now),
                     accuracy={} if history is None else history.view(),
                 )
@@ -283,6 +303,7 @@ class Simulator:
                     nodes=node_views,
                     running=RecordView(running, clock),
                     pending=RecordView(queue, clock),
+                    reservations=active,
                 )
             plan = policy_plan(snap)
             passes += 1
@@ -296,6 +317,11 @@ class Simulator:
                 names = start.nodes
                 mem = mem_per_node(req)
                 _check_start(jid, names, req.nodes, req.ppn, mem, free, free_mem)
+                if active:
+                    span = (now, now + req.walltime)
+                    _check_downtimes(
+                        jid, names, req.ppn, span, active, running, free, spec
+                    )
                 del queue[jid]
                 for name in names:
                     free[name] -= req.ppn
@@ -370,3 +396,51 @@ def _check_start(
         held = free_mem[name]
         if mem is not None and held is not None and held < mem:
             raise PlanRejected(f"job {jid}: node {name} has {held} KB free < {mem}")
+
+
+def _check_downtimes(
+    jid: int,
+    names: tuple[str, ...],
+    ppn: int,
+    span: tuple[float, float],
+    downtimes: tuple[ReservationView, ...],
+    running: dict[int, RunningView],
+    free: dict[str, int],
+    spec: dict[str, NodeSpec],
+) -> None:
+    """The server's rule for reserved CPUs, by count: over its requested time,
+    the job must find its CPUs outside every downtime, or raise.
+
+    Now, that is the free CPUs less those a downtime holds. Later, busy CPUs
+    only drop (jobs end by their requested times, an overdue one counts as
+    ending now, as policies count it), so it is enough to look again at each
+    downtime start inside the span.
+    """
+    now, until = span
+    for name in names:
+        windows = [
+            (r.start, r.end, cpus)
+            for r in downtimes
+            for node, cpus in r.nodes
+            if node == name and r.start < until and r.end > now
+        ]
+        if not windows:
+            continue
+        for t in {now, *(start for start, _, _ in windows if start > now)}:
+            held = sum(c for start, end, c in windows if start <= t < end)
+            if t == now:
+                left = free[name] - held
+            else:
+                busy = sum(
+                    cpus
+                    for r in running.values()
+                    if r.expected_end(now) > t
+                    for node, cpus in r.nodes
+                    if node == name
+                )
+                left = spec[name].cpus - busy - held
+            if left < ppn:
+                raise PlanRejected(
+                    f"job {jid}: node {name} would run into a downtime "
+                    f"({held} CPUs reserved at {t:.0f})"
+                )

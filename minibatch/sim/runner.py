@@ -21,6 +21,8 @@ from minibatch.metrics.records import JobRecord, from_outcomes, write_csv
 from minibatch.metrics.summary import describe, summarize
 from minibatch.policy import registry
 from minibatch.policy.ordered import PRESETS
+from minibatch.sim import downtime
+from minibatch.sim.downtime import Downtime
 from minibatch.sim.engine import Progress, SimStats, Simulator
 from minibatch.sim.machine import Machine, NodeSpec
 from minibatch.sim.swf import (
@@ -113,6 +115,8 @@ class SimConfig:
     estimates: Estimates = Estimates.TRACE
     kill_at_walltime: bool = False
     mem_unit: MemoryUnit = MemoryUnit.KB_PER_PROC
+    #: Windows with CPUs reserved for nobody (:mod:`minibatch.sim.downtime`).
+    downtimes: tuple[Downtime, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -123,6 +127,7 @@ class SimConfig:
             "estimates": self.estimates.value,
             "kill_at_walltime": self.kill_at_walltime,
             "mem_unit": self.mem_unit.value,
+            "downtimes": [list(d) for d in self.downtimes],
         }
 
 
@@ -185,12 +190,14 @@ def simulate(
     """Replay the workload under ``config.policy`` and compute every metric."""
     work = workload or load(config)
     policy = registry.load(config.policy, config.params)
+    origin = min(j.submit for j in work.jobs)
     sim = Simulator(
         policy,
         work.machine,
         work.jobs,
         kill_at_walltime=config.kill_at_walltime,
         progress=progress,
+        reservations=downtime.place(list(config.downtimes), work.machine, origin),
     )
     t0 = time.perf_counter()
     outcomes = sim.run()
