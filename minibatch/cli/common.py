@@ -84,12 +84,17 @@ def run_and_exit(command: Callable[[], None]) -> NoReturn:
     except BrokenPipeError:  # the reader went away (qsub | head -c0)
         code = ERROR_EXIT
     if isinstance(code, str):  # SystemExit("message"): print it, exit 1
-        print(code, file=sys.stderr)
+        if sys.stderr is not None:
+            print(code, file=sys.stderr)
+        code = ERROR_EXIT
+    elif code is not None and not isinstance(code, int):
         code = ERROR_EXIT
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with it closed (qsub job.sh >&-)
+            continue
         try:
             stream.flush()
-        except OSError:  # a closed pipe (qsub | head -0): nothing left to tell
+        except (OSError, ValueError):  # a closed pipe or file: nothing to tell
             code = code or ERROR_EXIT
     os._exit(code or 0)
 

@@ -147,3 +147,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     #: plan the server starts them itself when a job ends (stopping at the first
     #: that does not fit), without waiting for a pass; see docs/architecture.md.
     upcoming: list[int] = []
+    #: The policy's order is submission order (the snapshot's): a job queued
+    #: after this plan precedes an upcoming job exactly when its (submit time,
+    #: id) is smaller. False (the safe default): any such job stops the server's
+    #: shortcut until the next plan. A policy that reorders the queue (or wraps
+    #: one that does not, handing it a reordered snapshot) must leave it False.
+    upcoming_by_submission: bool = False

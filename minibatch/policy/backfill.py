@@ -199,7 +199,7 @@ class Backfill:
                     rest.append(job)
             if rest:
                 selection.run(p, rest)
-            return p.plan(order=queue)
+            return p.plan(order=queue, by_submission=self.order is None)
         # 2. First fit: start every job left that fits, in order.
         others = bool(p.book.views)  # advance reservations with their own queues
         said: dict[Shape, str] = {}
@@ -212,7 +212,11 @@ class Backfill:
                 head = p.heads.get("")
                 behind = "the running jobs" if head is None else f"job {head}"
                 # Nothing more can start: the rest share one reason.
-                return p.plan(f"queued behind {behind} (no free CPUs)", queue)
+                return p.plan(
+                    f"queued behind {behind} (no free CPUs)",
+                    queue,
+                    by_submission=self.order is None,
+                )
             req = job.request
             ppn, count = req.ppn, req.nodes
             if ppn > widest:  # wider than any node's free CPUs: no fit test
@@ -244,7 +248,7 @@ class Backfill:
                 if text is None:
                     text = said[shape] = p.why(job, general, shape)
             reasons[job.id] = text
-        return p.plan(order=queue)
+        return p.plan(order=queue, by_submission=self.order is None)
 
     def _other(
         self, p: Pass, job: PendingView, limit: float, rest: list[PendingView]

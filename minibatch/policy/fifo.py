@@ -62,5 +62,6 @@ class Fifo:
             blocked[key] = job.id
             if key == "" and not book.views:
                 # Head blocked: stop to preserve FIFO order; the rest share a reason.
-                return p.plan(f"queued behind job {job.id} (fifo)", queue)
-        return p.plan(order=queue)
+                default = f"queued behind job {job.id} (fifo)"
+                return p.plan(default, queue, by_submission=self.order is None)
+        return p.plan(order=queue, by_submission=self.order is None)

@@ -113,6 +113,8 @@ class OrderedPolicy:
         if blocked:
             ordered = [job for job in ordered if job.id not in blocked]
         plan = self._base.plan(msgspec.structs.replace(snap, pending=ordered))
+        # The base policy walked our order, not the submission order it thinks.
+        plan = msgspec.structs.replace(plan, upcoming_by_submission=False)
         if not blocked:
             return plan
         return msgspec.structs.replace(plan, reasons={**plan.reasons, **blocked})

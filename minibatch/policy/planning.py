@@ -214,9 +214,15 @@ class Pass:
             out.append(float(totals[2]))
         return out
 
-    def plan(self, default: str = "", order: Iterable[PendingView] = ()) -> Plan:
+    def plan(
+        self,
+        default: str = "",
+        order: Iterable[PendingView] = (),
+        by_submission: bool = False,
+    ) -> Plan:
         """The plan so far; ``order`` is the priority order the pass walked, whose
-        head (less what starts now) becomes the plan's ``upcoming``."""
+        head (less what starts now) becomes the plan's ``upcoming``;
+        ``by_submission``: that order is the snapshot's (submission order)."""
         return Plan(
             generation=self.snap.generation,
             starts=self.starts,
@@ -224,6 +230,7 @@ class Pass:
             predicted=self.predicted,
             default_reason=default,
             upcoming=self._upcoming(order),
+            upcoming_by_submission=by_submission,
         )
 
     def _upcoming(self, order: Iterable[PendingView]) -> list[int]:

@@ -93,6 +93,7 @@ def set_policy(
         name = name.lower()
     choice = PolicyChoice(name=name, params=params, set_by=user, since=state.clock())
     state.policy = choice
+    state.queue.upcoming.clear()  # the old policy's order
     state.store.put_setting("policy", msgspec.to_builtins(choice))
     log.info("policy set to %s %s by %s", name, params, user)
     state.events.append(("sched/policy", msgspec.to_builtins(choice)))

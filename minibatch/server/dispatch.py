@@ -11,12 +11,13 @@ backfill runs as its own periodic pass.
 An in-order start of the head is what every priority policy's pass would do
 with the same queue, so it takes no decision from the policy; it only saves the
 round trip to the scheduler (two of the four messages between one job's end
-and the next one's start). What the pass would do differently is bounded:
-
-* a job submitted after the plan, even of higher priority, waits for the next
-  pass (a few milliseconds later);
-* placement is first fit over the nodes in their order (policies choose among
-  equally good nodes the same way, but ``select=bestfit`` may pick another).
+and the next one's start). That holds only for the queue the plan saw, so a job
+queued since (see :attr:`PendingQueue.unseen_min`) is never overtaken: under a
+submission-ordered policy the walk stops at the first upcoming job submitted
+after it, under any other order nothing starts until a pass has ranked it.
+Placement is first fit over the nodes in their order, keeping off CPUs an
+advance reservation holds (policies choose among equally good nodes the same
+way, but ``select=bestfit`` may pick another).
 
 Every start is validated by :meth:`ServerState.start` exactly like a planned one
 (QOS limits, advance reservations, free CPUs and memory), so nothing here can
@@ -27,16 +28,22 @@ from __future__ import annotations
 
 from minibatch.core.job import JobRequest, JobState
 from minibatch.policy.base import mem_per_node
-from minibatch.server.nodes import NodeRegistry
+from minibatch.server.nodes import CpuChooser, NodeRegistry
+from minibatch.server.reservations import JobCpus
 from minibatch.server.state import ServerState
 
 
-def first_fit(nodes: NodeRegistry, req: JobRequest) -> tuple[str, ...] | None:
-    """The first ``req.nodes`` usable nodes with the job's CPUs and memory free."""
+def first_fit(
+    nodes: NodeRegistry, req: JobRequest, chooser: CpuChooser | None = None
+) -> tuple[str, ...] | None:
+    """The first ``req.nodes`` usable nodes with the job's CPUs (those ``chooser``
+    allows, when given) and memory free."""
     mem = mem_per_node(req)
     names: list[str] = []
     for node in nodes.nodes.values():
         if not node.usable or len(node.cpus) - len(node.used) < req.ppn:
+            continue
+        if chooser is not None and len(chooser.cpus(node)) < req.ppn:
             continue
         free_mem = node.free_mem_kb()
         if mem is not None and free_mem is not None and free_mem < mem:
@@ -49,14 +56,27 @@ def first_fit(nodes: NodeRegistry, req: JobRequest) -> tuple[str, ...] | None:
 
 def start_upcoming(state: ServerState) -> list[int]:
     """Start the last plan's upcoming jobs while they fit; the ids started."""
-    upcoming = state.queue.upcoming
+    queue = state.queue
+    upcoming = queue.upcoming
+    # A job queued since the plan's snapshot (submitted, released, its
+    # dependencies met or its QOS limit lifted) may outrank upcoming ones: in
+    # submission order only those after it may still start; in any other order
+    # none may, until a pass has ranked it.
+    unseen = queue.unseen_min
+    if unseen is not None and not queue.by_submission:
+        return []
     started: list[int] = []
     while upcoming:
         job = state.jobs.get(upcoming[0])
         if job is None or job.state is not JobState.QUEUED:
             upcoming.popleft()  # started, held, cancelled or gone since the plan
             continue
-        names = first_fit(state.nodes, job.request)
+        if unseen is not None and (job.submit_time, job.id) > unseen:
+            break
+        chooser = None
+        if state.reservations.by_name:
+            chooser = JobCpus(state.reservations, job, state.clock())
+        names = first_fit(state.nodes, job.request, chooser)
         if names is None or state.start(job.id, names) is not None:
             break
         upcoming.popleft()

@@ -197,6 +197,7 @@ def sched_hello(
     if (state.scheduler, state.scheduler_pid) == (ident, msg.pid):
         return Ok()  # the same scheduler checking in: nothing else changes
     state.scheduler, state.scheduler_pid = ident, msg.pid
+    state.queue.upcoming.clear()  # another scheduler: its plans only count
     state.plan_pending_since = None
     state.wake = True
     return Ok()
@@ -234,6 +235,10 @@ def apply_plan(
         else:
             rejected[start.job] = why
     state.queue.take_notes(msg.plan, state.snapshot_time)
+    if rejected:
+        # The plan is stale (the server started jobs meanwhile); a refused
+        # start of it would leave a hole in its upcoming jobs until the next.
+        state.queue.upcoming.clear()
     state.plan_pending_since = None
     return PlanResult(started=started, rejected=rejected)
 

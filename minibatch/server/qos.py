@@ -68,18 +68,22 @@ class QosTable:
         if count >= limit:
             self._full.add(key)
 
-    def ended(self, job: Job) -> None:
+    def ended(self, job: Job) -> bool:
+        """Count the job's end; True when it lifted a block (its user's queued
+        jobs of that QOS may start again)."""
         limit = self._limit(job.qos)
         key = (job.user, job.qos)
         if limit is None or key not in self._running:
-            return
+            return False
         count = self._running[key] - 1
         if count > 0:
             self._running[key] = count
         else:
             del self._running[key]
-        if count < limit:
+        if count < limit and key in self._full:
             self._full.discard(key)
+            return True
+        return False
 
     @property
     def any_blocked(self) -> bool:

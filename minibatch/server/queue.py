@@ -8,12 +8,16 @@ needed only after a release or a satisfied dependency, and is done lazily.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterator
 
 from minibatch.core.job import Job
 from minibatch.core.snapshot import PendingView, Plan
 from minibatch.server.records import pending_view
+
+#: Unseen entries kept one by one; beyond, only the earliest is (conservative).
+_MAX_UNSEEN = 1024
 
 
 class PendingQueue:
@@ -27,6 +31,14 @@ class PendingQueue:
         self._plan_time = 0.0
         #: The last plan's ``upcoming``, consumed by :mod:`minibatch.server.dispatch`.
         self.upcoming: deque[int] = deque()
+        #: Entries into the queue so far, how many each snapshot saw (by its
+        #: generation), and (entry number, (submit time, id)) of each entry the
+        #: last plan's snapshot did not see: such a job may outrank upcoming ones.
+        self._entries = 0
+        self._seen_at: dict[int, int] = {}
+        self._unseen: list[tuple[int, tuple[float, int]]] = []
+        #: The last plan's ``upcoming_by_submission``.
+        self.by_submission = False
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._views)
@@ -41,6 +53,28 @@ class PendingQueue:
         else:
             self._last = key
         self._views[job.id] = pending_view(job)
+        self._note(key)
+
+    def unblocked(self) -> None:
+        """Jobs left out of snapshots (over a QOS limit) may be eligible again:
+        as if a job of unknown rank had entered the queue."""
+        self._note((-math.inf, -1))
+
+    def _note(self, key: tuple[float, int]) -> None:
+        self._entries += 1
+        if len(self._unseen) >= _MAX_UNSEEN:
+            # Only the earliest key matters; keep it under the newest number.
+            self._unseen = [(self._entries, min(min(k for _, k in self._unseen), key))]
+        else:
+            self._unseen.append((self._entries, key))
+
+    @property
+    def unseen_min(self) -> tuple[float, int] | None:
+        """The earliest (submit time, id) queued since the last plan's snapshot."""
+        return min((k for _, k in self._unseen), default=None)
+
+    def snapshot_taken(self, generation: int) -> None:
+        self._seen_at[generation] = self._entries
 
     def discard(self, job_id: int) -> None:
         self._views.pop(job_id, None)
@@ -56,7 +90,14 @@ class PendingQueue:
         """Keep the plan's reasons, predicted starts and upcoming jobs (replacing
         the last plan's)."""
         self._reasons, self._predicted = plan.reasons, plan.predicted
-        self.upcoming = deque(plan.upcoming)
+        seen = self._seen_at.get(plan.generation)
+        self._seen_at = {g: n for g, n in self._seen_at.items() if g > plan.generation}
+        if seen is None:  # not a snapshot of ours (a restart): no shortcut
+            self.upcoming = deque()
+        else:
+            self.upcoming = deque(plan.upcoming)
+            self.by_submission = plan.upcoming_by_submission
+            self._unseen = [(n, k) for n, k in self._unseen if n > seen]
         self._default, self._plan_time = plan.default_reason, snapshot_time
 
     def explain(self, job: Job) -> None:

@@ -94,6 +94,8 @@ class ServerState:
         }
         self.history = UsageHistory(store, config.fairshare, now, self.nodes.totals)
         for job in store.load_jobs():
+            if job.state is JobState.QUEUED and job.queued_since is None:
+                job.queued_since = job.submit_time  # a record older than the field
             self._index(job)
             if job.state in ACTIVE_STATES:
                 self.qos.started(job)
@@ -338,6 +340,7 @@ class ServerState:
         """What the policy plans from (see :func:`views.snapshot`)."""
         now = self.clock()
         self.snapshot_time = now
+        self.queue.snapshot_taken(self.generation)
         return views.snapshot(self, now)
 
     def start(self, job_id: int, names: tuple[str, ...]) -> str | None:
@@ -404,7 +407,8 @@ class ServerState:
         self._move(job, JobState.FINISHED)
         job.result, job.end_time = result, end_time or self.clock()
         if was_active:
-            self.qos.ended(job)
+            if self.qos.ended(job):
+                self.queue.unblocked()
             self.history.job_ended(job)
             self.freed = True
         job.reason, job.predicted_start = "", None

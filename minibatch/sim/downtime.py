@@ -43,7 +43,9 @@ def parse(text: str) -> Downtime:
             f"malformed --downtime {text!r} (expected START,LENGTH[,CPUS], "
             "e.g. 86400,4:00:00,64)"
         )
-    start = 0 if parts[0] == "0" else parse_duration(parts[0])
+    # A start of zero ("0", "0:00") is at the first submission.
+    zero = parts[0] and set(parts[0]) <= {"0", ":"}
+    start = 0 if zero else parse_duration(parts[0])
     length = parse_duration(parts[1])
     cpus = None
     if len(parts) == 3:
@@ -59,8 +61,12 @@ def place(
     downtimes: list[Downtime], machine: Machine, origin: float
 ) -> tuple[ReservationView, ...]:
     """The reservations of ``downtimes`` on ``machine``, named ``down.1`` ...,
-    their times counted from ``origin`` (the trace's first submission)."""
-    out = []
+    their times counted from ``origin`` (the trace's first submission).
+
+    Each takes its CPUs from the first nodes; downtimes that overlap in time
+    must fit the machine together (InvalidArgument names the two that do not).
+    """
+    out: list[ReservationView] = []
     for k, down in enumerate(downtimes, start=1):
         want = machine.procs if down.cpus is None else down.cpus
         if want > machine.procs:
@@ -75,12 +81,25 @@ def place(
             nodes.append((node.name, take))
             want -= take
         start = origin + down.start
-        out.append(
-            ReservationView(
-                name=f"down.{k}",
-                start=start,
-                end=start + down.length,
-                nodes=tuple(nodes),
-            )
+        resv = ReservationView(
+            name=f"down.{k}", start=start, end=start + down.length, nodes=tuple(nodes)
         )
+        _check_overlaps(resv, out, machine)
+        out.append(resv)
     return tuple(out)
+
+
+def _check_overlaps(
+    new: ReservationView, earlier: list[ReservationView], machine: Machine
+) -> None:
+    size = {n.name: n.cpus for n in machine.nodes}
+    for old in earlier:
+        if old.start >= new.end or new.start >= old.end:
+            continue
+        held = dict(old.nodes)
+        for name, cpus in new.nodes:
+            if held.get(name, 0) + cpus > size[name]:
+                raise InvalidArgument(
+                    f"downtimes {old.name} and {new.name} overlap and together "
+                    f"hold more CPUs than node {name} has ({size[name]})"
+                )

@@ -190,7 +190,7 @@ def simulate(
     """Replay the workload under ``config.policy`` and compute every metric."""
     work = workload or load(config)
     policy = registry.load(config.policy, config.params)
-    origin = min(j.submit for j in work.jobs)
+    origin = min((j.submit for j in work.jobs), default=0.0)
     sim = Simulator(
         policy,
         work.machine,

@@ -2,32 +2,54 @@
 
 from __future__ import annotations
 
-from minibatch.core.job import JobRequest, JobResult, JobSpec, JobState
+from minibatch.core.job import (
+    Dependency,
+    DependKind,
+    JobRequest,
+    JobResult,
+    JobSpec,
+    JobState,
+)
 from minibatch.core.snapshot import Plan, Start
-from minibatch.protocol.messages import Launch
+from minibatch.protocol.messages import ApplyPlan, Launch
 from minibatch.server import dispatch
+from minibatch.server.handlers import Context, apply_plan
 from minibatch.server.state import ServerState
 from minibatch.server.submit import Caller
 
 ME = Caller(uid=1000, gid=1000, pid=1)
+ROOT = Caller(uid=0, gid=0, pid=2)
 
 
-def submit(state: ServerState, cpus: int, *, nodes: int = 1, hold: bool = False) -> int:
+def submit(
+    state: ServerState, cpus: int, *, nodes: int = 1, after: int | None = None
+) -> int:
     spec = JobSpec(
         name="j",
         workdir="/tmp",
         request=JobRequest(nodes=nodes, ppn=cpus),
         argv=["true"],
-        hold=hold,
+        depends=[] if after is None else [Dependency(DependKind.AFTEROK, after)],
     )
     return state.submit(spec, ME)[0].id
 
 
-def apply(state: ServerState, starts: list[Start], upcoming: list[int]) -> None:
-    """What the ApplyPlan handler does with a plan."""
+def apply(
+    state: ServerState,
+    starts: list[Start],
+    upcoming: list[int],
+    by_submission: bool = True,
+) -> None:
+    """A pass: a snapshot, then what the ApplyPlan handler does with its plan."""
+    snap = state.snapshot()
     for start in starts:
         assert state.start(start.job, start.nodes) is None
-    state.queue.take_notes(Plan(generation=0, upcoming=upcoming), state.clock())
+    plan = Plan(
+        generation=snap.generation,
+        upcoming=upcoming,
+        upcoming_by_submission=by_submission,
+    )
+    state.queue.take_notes(plan, state.clock())
 
 
 def end(state: ServerState, job_id: int) -> None:
@@ -102,3 +124,53 @@ def test_first_fit_skips_full_and_down_nodes(server_state: ServerState):
     server_state.nodes.nodes["n1"].up = False
     assert dispatch.first_fit(server_state.nodes, req) is None
     assert server_state.nodes.any_free_cpu() is False
+
+
+def test_a_job_queued_since_the_plan_is_never_overtaken(server_state: ServerState):
+    # D waits on A; the plan (FIFO) saw D as waiting, so B is upcoming. When A
+    # ends, D is queued and comes before B in submission order: B must wait for
+    # the pass that ranks D, or D's CPUs would go to a later job.
+    a, b = submit(server_state, 2), submit(server_state, 2)
+    d = submit(server_state, 2, after=a)
+    c = submit(server_state, 2)
+    assert server_state.start(b, ("n1",)) is None
+    apply(server_state, [Start(a, ("n0",))], upcoming=[c])
+    end(server_state, a)
+    assert server_state.jobs[d].state is JobState.QUEUED
+    assert dispatch.start_upcoming(server_state) == []
+
+
+def test_later_submissions_do_not_stop_a_submission_ordered_plan(
+    server_state: ServerState,
+):
+    a, b, c = (submit(server_state, 2) for _ in range(3))
+    apply(server_state, [Start(a, ("n0",)), Start(b, ("n1",))], upcoming=[c])
+    submit(server_state, 1)  # after the plan, and after c in submission order
+    end(server_state, a)
+    assert dispatch.start_upcoming(server_state) == [c]
+
+
+def test_any_unranked_job_stops_a_priority_ordered_plan(server_state: ServerState):
+    a, b, c = (submit(server_state, 2) for _ in range(3))
+    starts = [Start(a, ("n0",)), Start(b, ("n1",))]
+    apply(server_state, starts, upcoming=[c], by_submission=False)
+    late = submit(server_state, 1)  # its priority is unknown until a pass
+    end(server_state, a)
+    assert dispatch.start_upcoming(server_state) == []
+    apply(server_state, [], upcoming=[late, c], by_submission=False)
+    assert dispatch.start_upcoming(server_state) == [late]
+
+
+def test_a_rejected_start_voids_the_plans_upcoming_jobs(server_state: ServerState):
+    a, b, c, d = (submit(server_state, 2) for _ in range(4))
+    snap = server_state.snapshot()
+    assert server_state.start(a, ("n0",)) is None  # taken since the snapshot
+    plan = Plan(
+        generation=snap.generation,
+        starts=[Start(b, ("n0",)), Start(c, ("n1",))],
+        upcoming=[d],
+        upcoming_by_submission=True,
+    )
+    result = apply_plan(server_state, Context(), ROOT, b"", ApplyPlan(plan=plan))
+    assert result.started == [c] and list(result.rejected) == [b]
+    assert not server_state.queue.upcoming  # b is in neither list: no shortcut

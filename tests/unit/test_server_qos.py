@@ -9,8 +9,10 @@ import msgspec
 import pytest
 
 from minibatch.config import Config, FairshareConfig, QosConfig
-from minibatch.core.job import JobRequest, JobResult, JobSpec
+from minibatch.core.job import JobRequest, JobResult, JobSpec, JobState
+from minibatch.core.snapshot import Plan
 from minibatch.errors import InvalidArgument
+from minibatch.server import dispatch
 from minibatch.server.nodes import Node
 from minibatch.server.state import ServerState
 from minibatch.server.store import Store
@@ -69,6 +71,22 @@ def test_max_jobs_per_user_blocks_the_rest(state: ServerState):
     assert second.reason.startswith("blocked by QOS 'debug': 1 running job per user")
     state.job_ended(first, JobResult.COMPLETED, end_time=7300.0)
     assert [p.id for p in state.snapshot().pending] == [second.id]
+
+
+def test_a_lifted_qos_limit_stops_the_servers_shortcut(state: ServerState):
+    # Alice's second debug job was left out of the plan (blocked); when her
+    # first ends it may outrank the plan's upcoming job, so only a pass decides.
+    first, second = (state.submit(spec(qos="debug"), ALICE)[0] for _ in range(2))
+    (other,) = state.submit(spec(), ALICE)
+    snap = state.snapshot()
+    assert state.start(first.id, ("n0",)) is None
+    plan = Plan(
+        generation=snap.generation, upcoming=[other.id], upcoming_by_submission=True
+    )
+    state.queue.take_notes(plan, snap.now)
+    state.job_ended(first, JobResult.COMPLETED, end_time=7300.0)
+    assert dispatch.start_upcoming(state) == []
+    assert second.state is other.state is JobState.QUEUED
 
 
 def test_fairshare_and_accuracy_follow_finished_jobs(state: ServerState):

@@ -20,6 +20,7 @@ from tests.unit.test_sim_properties import workloads
 def test_parse_accepts_seconds_and_clock_times_and_names_errors():
     assert downtime.parse("86400,4:00:00") == Downtime(86400.0, 14400.0, None)
     assert downtime.parse("0, 60, 8") == Downtime(0.0, 60.0, 8)
+    assert downtime.parse("0:00,1:00") == Downtime(0.0, 60.0, None)
     for bad, words in (
         ("86400", "expected START,LENGTH"),
         ("1,2,3,4", "expected START,LENGTH"),
@@ -36,10 +37,14 @@ def test_place_takes_cpus_node_by_node_from_the_first_submission():
     (whole,) = downtime.place([Downtime(10, 5)], machine, origin=1000.0)
     assert (whole.name, whole.start, whole.end) == ("down.1", 1010.0, 1015.0)
     assert whole.nodes == (("n0", 4), ("n1", 4), ("n2", 4)) and whole.users == ()
-    _, part = downtime.place([Downtime(0, 1), Downtime(0, 1, 6)], machine, 0.0)
+    _, part = downtime.place([Downtime(0, 1), Downtime(1, 1, 6)], machine, 0.0)
     assert part.nodes == (("n0", 4), ("n1", 2))
     with pytest.raises(InvalidArgument, match="machine has 12"):
         downtime.place([Downtime(0, 1, 13)], machine, 0.0)
+    with pytest.raises(InvalidArgument, match="down.1 and down.2 overlap"):
+        downtime.place([Downtime(0, 10, 4), Downtime(5, 10, 2)], machine, 0.0)
+    after = downtime.place([Downtime(0, 10, 4), Downtime(10, 10, 4)], machine, 0.0)
+    assert [r.start for r in after] == [0.0, 10.0]  # back to back is fine
 
 
 @pytest.mark.parametrize("policy", ["fifo", "easy", "conservative", "pbs-fifo"])
