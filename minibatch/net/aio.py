@@ -78,9 +78,10 @@ class AsyncClient:
             raise RuntimeError("AsyncClient.start() was not called")
         return self._driver.send([data])
 
-    async def send(self, body: Message) -> None:
-        """Send without waiting for a reply (the reply, if any, is dropped)."""
-        self._send(encode(body, next(self._ids)))
+    def notify(self, body: Message) -> bool:
+        """Send a message that gets no reply, now; False if it could not be
+        queued (no server connected)."""
+        return self._send(encode(body, next(self._ids)))
 
     async def call(self, body: Message, timeout: float = 10.0) -> Any:
         loop = asyncio.get_running_loop()

@@ -7,10 +7,13 @@ answered NOT_FOUND means the server restarted and forgot the node, so it says
 hello again. ``Launch`` and ``Kill`` arrive unsolicited and go to the
 :class:`~minibatch.node.tracker.Tracker`.
 
-**Reliable reports.** ``JobStarted`` and ``JobEnded`` are requests. Each is kept
-until the server answers it and re-sent every heartbeat until then (the server
-treats repeats as no-ops), so a job's end survives a server restart. Reports go out
-in the order they were made, so a job's start is never delivered after its end.
+**Reports.** ``JobEnded`` is a request, kept until the server answers it and
+re-sent every heartbeat until then (the server treats repeats as no-ops), so a
+job's end survives a server restart. ``JobStarted`` (the process's pid and real
+start time) is a notification, sent at once with no reply: one round trip less
+per job, and if the server is down at that instant it keeps the start time it
+planned. It leaves before any report made after it, so a job's start is never
+delivered after its end.
 
 **Stopping** (SIGTERM/SIGINT): every job is killed (TERM, grace, KILL) and reported
 ``node_fail`` "node daemon stopped"; the reports get a short best-effort flush; the
@@ -46,6 +49,7 @@ from minibatch.node.launcher import Launcher
 from minibatch.node.tracker import Report, Tracker
 from minibatch.protocol.messages import (
     Heartbeat,
+    JobEnded,
     JobStarted,
     Kill,
     Launch,
@@ -100,7 +104,7 @@ class NodeDaemon:
         self.tracker = Tracker(self.launcher, config.node, self._report)
         self._client: AsyncClient | None = None
         #: Unanswered reports in the order they were made, with error counts.
-        self._unacked: dict[tuple[str, int], tuple[Report, int]] = {}
+        self._unacked: dict[int, tuple[JobEnded, int]] = {}
         self._wake_sender = asyncio.Event()
         self._registered = False
         #: Whether the last request was answered (None: none sent yet); logs
@@ -220,8 +224,11 @@ class NodeDaemon:
     # ------------------------------------------------------------- reports
 
     def _report(self, report: Report) -> None:
-        kind = "started" if isinstance(report, JobStarted) else "ended"
-        self._unacked[(kind, report.job)] = (report, 0)
+        if isinstance(report, JobStarted):
+            if self._client is not None:
+                self._client.notify(report)
+            return
+        self._unacked[report.job] = (report, 0)
         self._wake_sender.set()
 
     async def _sender(self) -> None:

@@ -310,7 +310,7 @@ class Kill(_Msg, frozen=True, kw_only=True, tag="kill"):
 
 
 class JobStarted(_Msg, frozen=True, kw_only=True, tag="job_started"):
-    """-> Ok"""
+    """No reply: a notification of the process's pid and real start time."""
 
     job: int
     pid: int

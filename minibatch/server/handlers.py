@@ -273,7 +273,7 @@ def job_started(
     caller: Caller | None,
     ident: bytes,
     msg: JobStarted,
-) -> Message:
+) -> Message | None:
     need_daemon(ctx, caller)
     job = state.jobs.get(msg.job)
     if job is not None and job.state in (JobState.RUNNING, JobState.EXITING):
@@ -281,7 +281,7 @@ def job_started(
         job.start_time = msg.time
         state.store.put_job(job)
         state.store.event(job.id, msg.time, "launched", f"pid {msg.pid}")
-    return Ok()
+    return None  # a notification
 
 
 def job_ended(

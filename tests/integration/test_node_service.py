@@ -64,16 +64,18 @@ class FakeServer:
         await self.sock.send_multipart([self.node, encode(body)])
 
     async def expect(self, kind: type, timeout: float = 5.0, answer: bool = True):
-        """The next request of type ``kind``; heartbeats meanwhile are answered."""
+        """The next message of type ``kind``; heartbeats meanwhile are answered
+        (``JobStarted`` is a notification: never answered)."""
         deadline = time.monotonic() + timeout
         while True:
             rid, body = await self.recv(max(0.01, deadline - time.monotonic()))
             if isinstance(body, kind):
-                if answer:
+                if answer and not isinstance(body, JobStarted):
                     await self.reply(rid, Ok())
                 return rid, body
             assert isinstance(body, Heartbeat | JobStarted), body
-            await self.reply(rid, Ok())
+            if not isinstance(body, JobStarted):
+                await self.reply(rid, Ok())
 
 
 @pytest.fixture
