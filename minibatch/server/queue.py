@@ -18,6 +18,9 @@ from minibatch.server.records import pending_view
 
 #: Unseen entries kept one by one; beyond, only the earliest is (conservative).
 _MAX_UNSEEN = 1024
+#: Snapshots remembered while their plans are out (a plan for a forgotten one
+#: just gives no shortcut).
+_MAX_SNAPSHOTS = 16
 
 
 class PendingQueue:
@@ -75,6 +78,8 @@ class PendingQueue:
 
     def snapshot_taken(self, generation: int) -> None:
         self._seen_at[generation] = self._entries
+        if len(self._seen_at) > _MAX_SNAPSHOTS:  # plans stopped coming back
+            del self._seen_at[min(self._seen_at)]
 
     def discard(self, job_id: int) -> None:
         self._views.pop(job_id, None)
