@@ -19,6 +19,7 @@ from minibatch.cli import (
     policy,
     qstat,
     qsub,
+    report,
     resv,
     showq,
     sim,
@@ -60,7 +61,7 @@ for _name, _command in (
     app.command(_name, context_settings={"help_option_names": ["--help"]})(_command)
 app.add_typer(policy.policy_app, name="policy")
 app.command("sim")(sim.sim_command)
-app.command("report")(sim.report_command)
+app.command("report")(report.report_command)
 app.command("compare")(sim.compare_command)
 app.command("experiment")(sim.experiment_command)
 bench_app.command("sim")(sim.bench_sim)

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from minibatch.cli import common
+from minibatch.cli import common, report
 from minibatch.cli import sim as cli
 from minibatch.core.job import Allocation, Job, JobRequest, JobResult, JobState
 from minibatch.protocol import messages as m
@@ -49,7 +49,7 @@ REQUIRED_SUMMARY = [
 def app() -> typer.Typer:
     a = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     a.command("sim")(cli.sim_command)
-    a.command("report")(cli.report_command)
+    a.command("report")(report.report_command)
     a.command("compare")(cli.compare_command)
     a.command("experiment")(cli.experiment_command)
     a.command("bench-sim")(cli.bench_sim)
