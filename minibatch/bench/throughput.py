@@ -5,7 +5,9 @@ core, the embedded broker publishing every event) and measures:
 
 * ``submit_per_s``: sequential submissions through the API (one request, one
   committed reply each), of held jobs so nothing else competes;
-* ``e2e_jobs_per_s``: 1,000 ``/bin/true`` jobs from first submission to last end;
+* ``e2e_jobs_per_s``: 1,000 ``/bin/true`` jobs from first submission to last end,
+  and ``e2e_cpu_ms_per_job``: what each daemon spent on a job meanwhile (CPU
+  time, all threads), the budget a faster cycle must cut;
 * ``latency_p50_ms`` / ``latency_p95_ms``: submission to process start, one job at a
   time on an idle cluster (start = the node daemon's spawn time);
 * ``idle``: CPU % and RSS of each daemon over 5 s with nothing to do;
@@ -124,12 +126,22 @@ def start_latencies(client: Client, workdir: str, count: int) -> list[float]:
     return out
 
 
-def idle_usage(paths: Paths, seconds: float = 5.0) -> dict[str, dict[str, float]]:
+def daemons(paths: Paths) -> dict[str, psutil.Process]:
+    """The cluster's running daemons by pid file name (``server``, ...)."""
     procs = {}
     for pidfile in sorted(paths.run.glob("*.pid")):
         pid = lifecycle.read_pid(pidfile)
         if pid is not None and psutil.pid_exists(pid):
             procs[pidfile.stem] = psutil.Process(pid)
+    return procs
+
+
+def cpu_seconds(procs: dict[str, psutil.Process]) -> dict[str, float]:
+    return {name: sum(p.cpu_times()[:2]) for name, p in procs.items()}
+
+
+def idle_usage(paths: Paths, seconds: float = 5.0) -> dict[str, dict[str, float]]:
+    procs = daemons(paths)
     for proc in procs.values():
         proc.cpu_percent(None)
     time.sleep(seconds)
@@ -153,7 +165,10 @@ def command_wall_ms(args: list[str], env: dict[str, str], runs: int) -> float:
     return statistics.median(times)
 
 
-def run(jobs: int = 1000, submits: int = 2000, repeat: int = 3) -> dict[str, Any]:
+def run(
+    jobs: int = 1000, submits: int = 2000, repeat: int = 3, idle_s: float = 5.0
+) -> dict[str, Any]:
+    """Every measure on a fresh cluster (``idle_s``: how long idle cost is sampled)."""
     home = Path(tempfile.mkdtemp(prefix="mb-bench-"))
     paths = Paths(home)
     cpus = layouts.usable_cpus()
@@ -171,17 +186,24 @@ def run(jobs: int = 1000, submits: int = 2000, repeat: int = 3) -> dict[str, Any
                     submit_rate(client, workdir, submits) for _ in range(repeat)
                 )
             )
+            procs = daemons(paths)
+            before = cpu_seconds(procs)
             result["e2e_jobs_per_s"] = round(
                 statistics.median(
                     end_to_end_rate(client, workdir, jobs) for _ in range(repeat)
                 ),
                 1,
             )
+            after = cpu_seconds(procs)
+            result["e2e_cpu_ms_per_job"] = {
+                name: round(1000 * (after[name] - before[name]) / (jobs * repeat), 3)
+                for name in procs
+            }
             lat = start_latencies(client, workdir, 100)
             result["latency_p50_ms"] = round(statistics.median(lat), 2)
             result["latency_p95_ms"] = round(_percentile(lat, 0.95), 2)
-            time.sleep(1.0)
-            result["idle"] = idle_usage(paths)
+            time.sleep(min(1.0, idle_s))
+            result["idle"] = idle_usage(paths, idle_s)
             # As an installed package would be (make does this too): byte-compiled.
             compileall.compile_dir(Path(__file__).parents[1], quiet=2)
             bindir = Path(sys.executable).parent
@@ -208,6 +230,10 @@ def render(result: dict[str, Any]) -> str:
         f"cluster: {result['nodes']} nodes x 1 CPU",
         f"submissions through the API  {result['submit_per_s']:>10} /s",
         f"jobs end to end (/bin/true)  {result['e2e_jobs_per_s']:>10} /s",
+        "  daemon CPU per job: "
+        + ", ".join(
+            f"{name} {ms:.2f} ms" for name, ms in result["e2e_cpu_ms_per_job"].items()
+        ),
         f"submit-to-start latency p50  {result['latency_p50_ms']:>10} ms",
         f"submit-to-start latency p95  {result['latency_p95_ms']:>10} ms",
         f"qsub wall time               {result['qsub_wall_ms']:>10} ms",
