@@ -138,4 +138,4 @@ def acct_command(
 
 def main() -> None:
     """Run ``acct`` on its own (``mb acct`` is the usual way)."""
-    common.run_typer(acct_command, "acct", context_settings=CONTEXT_SETTINGS)
+    common.script(acct_command, "acct", context_settings=CONTEXT_SETTINGS)

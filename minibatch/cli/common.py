@@ -140,6 +140,15 @@ def call(message: Message, timeout: float = 10.0) -> Any:
         return client.call(message)
 
 
+def script(
+    function: Callable[..., Any],
+    prog: str,
+    context_settings: Mapping[str, Any] | None = None,
+) -> NoReturn:
+    """A console script's body: :func:`run_typer`, ended by :func:`run_and_exit`."""
+    run_and_exit(lambda: run_typer(function, prog, context_settings=context_settings))
+
+
 def run_typer(
     function: Callable[..., Any],
     prog: str,

@@ -311,8 +311,8 @@ def checkjob_command(
 
 
 def checkjob_main() -> None:
-    common.run_typer(checkjob_command, "checkjob", context_settings=CONTEXT_SETTINGS)
+    common.script(checkjob_command, "checkjob", context_settings=CONTEXT_SETTINGS)
 
 
 def diagnose_main() -> None:
-    common.run_typer(diagnose_command, "diagnose", context_settings=CONTEXT_SETTINGS)
+    common.script(diagnose_command, "diagnose", context_settings=CONTEXT_SETTINGS)

@@ -97,16 +97,16 @@ def qalter_command(
 
 
 def qdel_main() -> None:
-    common.run_typer(qdel_command, "qdel", context_settings=CONTEXT_SETTINGS)
+    common.script(qdel_command, "qdel", context_settings=CONTEXT_SETTINGS)
 
 
 def qhold_main() -> None:
-    common.run_typer(qhold_command, "qhold", context_settings=CONTEXT_SETTINGS)
+    common.script(qhold_command, "qhold", context_settings=CONTEXT_SETTINGS)
 
 
 def qrls_main() -> None:
-    common.run_typer(qrls_command, "qrls", context_settings=CONTEXT_SETTINGS)
+    common.script(qrls_command, "qrls", context_settings=CONTEXT_SETTINGS)
 
 
 def qalter_main() -> None:
-    common.run_typer(qalter_command, "qalter", context_settings=CONTEXT_SETTINGS)
+    common.script(qalter_command, "qalter", context_settings=CONTEXT_SETTINGS)

@@ -83,4 +83,4 @@ def pbsnodes_command(
 
 def main() -> None:
     """The ``pbsnodes`` entry point."""
-    common.run_typer(pbsnodes_command, "pbsnodes", context_settings=CONTEXT_SETTINGS)
+    common.script(pbsnodes_command, "pbsnodes", context_settings=CONTEXT_SETTINGS)

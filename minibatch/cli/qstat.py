@@ -157,4 +157,4 @@ def qstat_command(
 
 def main() -> None:
     """The ``qstat`` entry point."""
-    common.run_typer(qstat_command, "qstat", context_settings=CONTEXT_SETTINGS)
+    common.script(qstat_command, "qstat", context_settings=CONTEXT_SETTINGS)

@@ -269,14 +269,12 @@ def releaseres_command(
 
 
 def setres_main() -> None:
-    common.run_typer(setres_command, "setres", context_settings=CONTEXT_SETTINGS)
+    common.script(setres_command, "setres", context_settings=CONTEXT_SETTINGS)
 
 
 def showres_main() -> None:
-    common.run_typer(showres_command, "showres", context_settings=CONTEXT_SETTINGS)
+    common.script(showres_command, "showres", context_settings=CONTEXT_SETTINGS)
 
 
 def releaseres_main() -> None:
-    common.run_typer(
-        releaseres_command, "releaseres", context_settings=CONTEXT_SETTINGS
-    )
+    common.script(releaseres_command, "releaseres", context_settings=CONTEXT_SETTINGS)

@@ -295,12 +295,12 @@ def _me() -> str:
 
 
 def showq_main() -> None:
-    common.run_typer(showq_command, "showq", context_settings=CONTEXT_SETTINGS)
+    common.script(showq_command, "showq", context_settings=CONTEXT_SETTINGS)
 
 
 def showstart_main() -> None:
-    common.run_typer(showstart_command, "showstart", context_settings=CONTEXT_SETTINGS)
+    common.script(showstart_command, "showstart", context_settings=CONTEXT_SETTINGS)
 
 
 def showbf_main() -> None:
-    common.run_typer(showbf_command, "showbf", context_settings=CONTEXT_SETTINGS)
+    common.script(showbf_command, "showbf", context_settings=CONTEXT_SETTINGS)

@@ -267,6 +267,14 @@ class Cluster:
         """The live processes of job ``job_id`` (by ``MB_JOBID``/``MB_HOME``)."""
         return procs_with(self.home, MB_JOBID=str(job_id))
 
+    def launched_procs(self, job_id: str) -> list[psutil.Process]:
+        """The processes of a job the server says runs, once they exist: the
+        server marks a job running when it sends the launch, a moment before
+        the node daemon has spawned it."""
+        return self.wait_for(
+            lambda: self.job_procs(job_id), what=f"job {job_id}'s processes"
+        )
+
     def all_job_procs(self) -> list[psutil.Process]:
         return [
             p

@@ -133,8 +133,7 @@ def test_mb_up_status_down_and_up_again(cluster: ClusterFactory) -> None:
 
     running = c.qsub("--", "sleep", "60")
     c.wait_state(running, "running")
-    job_procs = c.job_procs(running)
-    assert job_procs
+    job_procs = c.launched_procs(running)
 
     procs = [psutil.Process(p) for p in pids.values()]
     down = c.run("mb", "down")

@@ -84,7 +84,7 @@ def test_qdel_of_a_whole_array_cancels_the_remaining_tasks(
         what="two tasks running, two queued",
     )
     running = [r["id"] for r in c.qstat_json(shown) if r["state"] == "running"]
-    assert all(c.job_procs(t) for t in running)
+    assert all(c.launched_procs(t) for t in running)
 
     c.run("qdel", shown)
     for task in tasks:
