@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import typer
@@ -284,6 +286,48 @@ def test_run_typer_help_exits_zero(capsys):
         common.run_typer(jobctl.qdel_command, "qdel", argv=["--help"])
     assert exc.value.code == 0
     assert "Usage: qdel" in capsys.readouterr().out
+
+
+def _ended_by_run_and_exit(body: str, **kw) -> subprocess.CompletedProcess[str]:
+    code = f"from minibatch.cli.common import run_and_exit\n{body}"
+    return subprocess.run([sys.executable, "-c", code], text=True, timeout=30, **kw)
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ("run_and_exit(lambda: print('42'))", 0),
+        ("def f():\n    raise SystemExit(2)\nrun_and_exit(f)", 2),
+        ("def f():\n    raise SystemExit('no')\nrun_and_exit(f)", 1),
+        ("def f():\n    raise SystemExit(None)\nrun_and_exit(f)", 0),
+    ],
+)
+def test_run_and_exit_keeps_output_and_exit_status(body, status):
+    done = _ended_by_run_and_exit(body, capture_output=True)
+    assert done.returncode == status
+    if status == 0 and "print" in body:
+        assert done.stdout == "42\n"  # flushed before the process ended
+
+
+def test_run_and_exit_with_closed_or_broken_stdout():
+    # Started with stdout closed: the command's output goes nowhere, it still
+    # succeeds (qsub job.sh >&- submits the job).
+    closed = _ended_by_run_and_exit(
+        "import os; os.close(1)\nimport sys; sys.stdout = None\n"
+        "run_and_exit(lambda: print('lost'))",
+        capture_output=True,
+    )
+    assert closed.returncode == 0
+    # A reader that went away: exit 1, no traceback.
+    reader = subprocess.Popen(["true"], stdin=subprocess.PIPE)
+    reader.wait()
+    broken = _ended_by_run_and_exit(
+        "run_and_exit(lambda: print('x' * 100000))",
+        stdout=reader.stdin,
+        stderr=subprocess.PIPE,
+    )
+    reader.stdin.close()
+    assert broken.returncode == 1 and "Traceback" not in broken.stderr
 
 
 def test_selectors_and_exit_codes():
