@@ -99,7 +99,8 @@ def qstat_alt(jobs: Sequence[Job], now: float, server: str = "") -> str:
     rows = []
     for j in jobs:
         req, ran = j.request, elapsed(j, now)
-        cells = [j.display_id, j.user, QUEUE, j.name, "--", str(req.nodes)]
+        session = "--" if j.session_id is None else str(j.session_id)
+        cells = [j.display_id, j.user, QUEUE, j.name, session, str(req.nodes)]
         cells += [
             str(req.cpus),
             format_size_kb(req.mem_kb),
@@ -154,6 +155,7 @@ def _full_attrs(job: Job, now: float) -> list[tuple[str, str | None]]:
         ("job_array_id", None if job.array_index is None else str(job.array_index)),
         ("init_work_dir", job.workdir),
         ("submit_args", job.submit_args or None),
+        ("session_id", None if job.session_id is None else str(job.session_id)),
         ("start_time", _ctime(job.start_time)),
         ("comp_time", _ctime(job.end_time)),
         ("exit_status", None if job.exit_status is None else str(job.exit_status)),
@@ -207,6 +209,7 @@ def job_record(job: Job) -> dict[str, Any]:
         "start_time": job.start_time,
         "end_time": job.end_time,
         "cputime_s": job.cputime_s,
+        "session_id": job.session_id,
         "maxrss_kb": job.maxrss_kb,
         "output_path": job.stdout_path,
         "error_path": job.stderr_path,

@@ -179,6 +179,8 @@ class Job(msgspec.Struct, kw_only=True):
     #: began (None while the job is not queued).
     eligible_s: float = 0.0
     queued_since: float | None = None
+    #: The top process's pid, which leads the job's session (PBS ``session_id``).
+    session_id: int | None = None
 
     @property
     def display_id(self) -> str:

@@ -278,7 +278,7 @@ def job_started(
     job = state.jobs.get(msg.job)
     if job is not None and job.state in (JobState.RUNNING, JobState.EXITING):
         # The start that counts is when the process exists, not when it was planned.
-        job.start_time = msg.time
+        job.start_time, job.session_id = msg.time, msg.pid
         state.store.put_job(job)
         state.store.event(job.id, msg.time, "launched", f"pid {msg.pid}")
     return None  # a notification

@@ -52,6 +52,11 @@ def test_job_processes_run_on_exactly_their_cpus(cluster: ClusterFactory) -> Non
         )
         names = sorted(p.name() for p in procs)
         assert names.count("sleep") == 2, names
+        # Its session id (qstat -a SessID) is the pid of the shell, which
+        # leads the session every process of the job is in.
+        session = c.wait_for(lambda jid=jid: c.job(jid)["session_id"])
+        assert session in {p.pid for p in procs}
+        assert {os.getsid(p.pid) for p in procs} == {session}
         for proc in procs:
             got = affinity(proc)
             assert got in (None, record["cpus"]), (proc, got, record["cpus"])
