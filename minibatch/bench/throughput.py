@@ -127,13 +127,11 @@ def start_latencies(client: Client, workdir: str, count: int) -> list[float]:
 
 
 def daemons(paths: Paths) -> dict[str, psutil.Process]:
-    """The cluster's running daemons by pid file name (``server``, ...)."""
-    procs = {}
-    for pidfile in sorted(paths.run.glob("*.pid")):
-        pid = lifecycle.read_pid(pidfile)
-        if pid is not None and psutil.pid_exists(pid):
-            procs[pidfile.stem] = psutil.Process(pid)
-    return procs
+    """The cluster's running daemons by name (``server``, ...), sorted."""
+    return {
+        name: psutil.Process(pid)
+        for name, pid in sorted(lifecycle.running(paths).items())
+    }
 
 
 def cpu_seconds(procs: dict[str, psutil.Process]) -> dict[str, float]:

@@ -358,6 +358,13 @@ def _pidfile_names(paths: Paths) -> list[str]:
     return [*nodes, "scheduler", "server", "broker"]
 
 
+def running(paths: Paths) -> dict[str, int]:
+    """The daemons with a pid file that still run them, by name (``node-node0``,
+    ..., ``scheduler``, ``server``, ``broker``), in stopping order."""
+    names = _pidfile_names(paths)
+    return {n: p for n in names if (p := running_pid(paths, Daemon(n))) is not None}
+
+
 def down(paths: Paths) -> list[str]:
     """Stop every daemon with a pid file: nodes, scheduler, server, then broker.
 
@@ -369,10 +376,9 @@ def down(paths: Paths) -> list[str]:
     """
     if not paths.run.is_dir():
         return []
-    names = _pidfile_names(paths)
-    pids = {n: p for n in names if (p := running_pid(paths, Daemon(n))) is not None}
+    pids = running(paths)
     stopped = _stop(pids, paths)
-    for name in names:
+    for name in _pidfile_names(paths):
         paths.pidfile(name).unlink(missing_ok=True)
     if "broker" in pids:
         paths.mqtt_url_file.unlink(missing_ok=True)

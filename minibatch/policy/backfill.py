@@ -147,6 +147,7 @@ class Backfill:
         queue: Sequence[PendingView] = (
             snap.pending if self.order is None else self.order(snap)
         )
+        in_submission_order = self.order is None
         limit = INF if self.depth is None else self.depth
         general, now = p.book.general, snap.now
         reasons = p.reasons
@@ -199,7 +200,7 @@ class Backfill:
                     rest.append(job)
             if rest:
                 selection.run(p, rest)
-            return p.plan(order=queue, by_submission=self.order is None)
+            return p.plan(order=queue, by_submission=in_submission_order)
         # 2. First fit: start every job left that fits, in order.
         others = bool(p.book.views)  # advance reservations with their own queues
         said: dict[Shape, str] = {}
@@ -215,7 +216,7 @@ class Backfill:
                 return p.plan(
                     f"queued behind {behind} (no free CPUs)",
                     queue,
-                    by_submission=self.order is None,
+                    by_submission=in_submission_order,
                 )
             req = job.request
             ppn, count = req.ppn, req.nodes
@@ -248,7 +249,7 @@ class Backfill:
                 if text is None:
                     text = said[shape] = p.why(job, general, shape)
             reasons[job.id] = text
-        return p.plan(order=queue, by_submission=self.order is None)
+        return p.plan(order=queue, by_submission=in_submission_order)
 
     def _other(
         self, p: Pass, job: PendingView, limit: float, rest: list[PendingView]

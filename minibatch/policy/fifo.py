@@ -37,6 +37,7 @@ class Fifo:
         queue: Sequence[PendingView] = (
             snap.pending if self.order is None else self.order(snap)
         )
+        in_submission_order = self.order is None
         book = p.book
         general = book.general
         now = snap.now
@@ -63,5 +64,5 @@ class Fifo:
             if key == "" and not book.views:
                 # Head blocked: stop to preserve FIFO order; the rest share a reason.
                 default = f"queued behind job {job.id} (fifo)"
-                return p.plan(default, queue, by_submission=self.order is None)
-        return p.plan(order=queue, by_submission=self.order is None)
+                return p.plan(default, queue, by_submission=in_submission_order)
+        return p.plan(order=queue, by_submission=in_submission_order)

@@ -26,32 +26,9 @@ over-allocate; a refusal just ends the walk.
 
 from __future__ import annotations
 
-from minibatch.core.job import JobRequest, JobState
-from minibatch.policy.base import mem_per_node
-from minibatch.server.nodes import CpuChooser, NodeRegistry
+from minibatch.core.job import JobState
 from minibatch.server.reservations import JobCpus
 from minibatch.server.state import ServerState
-
-
-def first_fit(
-    nodes: NodeRegistry, req: JobRequest, chooser: CpuChooser | None = None
-) -> tuple[str, ...] | None:
-    """The first ``req.nodes`` usable nodes with the job's CPUs (those ``chooser``
-    allows, when given) and memory free."""
-    mem = mem_per_node(req)
-    names: list[str] = []
-    for node in nodes.nodes.values():
-        if not node.usable or len(node.cpus) - len(node.used) < req.ppn:
-            continue
-        if chooser is not None and len(chooser.cpus(node)) < req.ppn:
-            continue
-        free_mem = node.free_mem_kb()
-        if mem is not None and free_mem is not None and free_mem < mem:
-            continue
-        names.append(node.name)
-        if len(names) == req.nodes:
-            return tuple(names)
-    return None
 
 
 def start_upcoming(state: ServerState) -> list[int]:
@@ -76,7 +53,7 @@ def start_upcoming(state: ServerState) -> list[int]:
         chooser = None
         if state.reservations.by_name:
             chooser = JobCpus(state.reservations, job, state.clock())
-        names = first_fit(state.nodes, job.request, chooser)
+        names = state.nodes.first_fit(job.request, chooser)
         if names is None or state.start(job.id, names) is not None:
             break
         upcoming.popleft()

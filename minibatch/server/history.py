@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+import msgspec
+
 from minibatch.config import FairshareConfig
 from minibatch.core import usage
 from minibatch.core.job import Job
@@ -62,16 +64,7 @@ class UsageHistory:
         rate = usage.processor_equivalent(
             int(record.rate), job.request.mem_kb, total_cpus, total_mem
         )
-        return usage.UsageRecord(
-            id=record.id,
-            user=record.user,
-            group=record.group,
-            account=record.account,
-            rate=rate,
-            start=record.start,
-            end=record.end,
-            walltime=record.walltime,
-        )
+        return msgspec.structs.replace(record, rate=rate)
 
     def _keep(self, job: Job) -> None:
         record = self._record(job)

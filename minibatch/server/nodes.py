@@ -155,13 +155,11 @@ class NodeRegistry:
         mem = mem_per_node(req)
         for name in names:
             node = self.nodes.get(name)
-            if node is None or not node.usable:
+            if node is None:
                 return f"node {name} is not available"
-            if len(node.cpus) - len(node.used) < req.ppn:
-                return f"node {name} has fewer than {req.ppn} free CPUs"
-            free_mem = node.free_mem_kb()
-            if mem is not None and free_mem is not None and free_mem < mem:
-                return f"node {name} has less than {mem} KB of free memory"
+            why = _shortage(node, req.ppn, mem)
+            if why is not None:
+                return why
         picked: dict[str, list[int]] = {}
         for name in names:
             node = self.nodes[name]
@@ -180,6 +178,23 @@ class NodeRegistry:
                 node.mem_used[job] = mem
             allocs.append(Allocation(name, cpus))
         return allocs
+
+    def first_fit(
+        self, req: JobRequest, chooser: CpuChooser | None = None
+    ) -> tuple[str, ...] | None:
+        """The first ``req.nodes`` nodes, in order, on which :meth:`allocate`
+        would find the job's CPUs (those ``chooser`` allows) and memory."""
+        mem = mem_per_node(req)
+        names: list[str] = []
+        for node in self.nodes.values():
+            if _shortage(node, req.ppn, mem) is not None:
+                continue
+            if chooser is not None and len(chooser.cpus(node)) < req.ppn:
+                continue
+            names.append(node.name)
+            if len(names) == req.nodes:
+                return tuple(names)
+        return None
 
     def release(self, job: int, allocs: list[Allocation]) -> None:
         for alloc in allocs:
@@ -205,3 +220,15 @@ class NodeRegistry:
 
     def views(self) -> tuple[NodeView, ...]:
         return tuple(n.view() for n in self.nodes.values() if n.usable)
+
+
+def _shortage(node: Node, ppn: int, mem: int | None) -> str | None:
+    """Why ``node`` cannot take ``ppn`` CPUs and ``mem`` KB now, or None."""
+    if not node.usable:
+        return f"node {node.name} is not available"
+    if len(node.cpus) - len(node.used) < ppn:
+        return f"node {node.name} has fewer than {ppn} free CPUs"
+    free_mem = node.free_mem_kb()
+    if mem is not None and free_mem is not None and free_mem < mem:
+        return f"node {node.name} has less than {mem} KB of free memory"
+    return None

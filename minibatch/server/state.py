@@ -139,11 +139,12 @@ class ServerState:
         """:func:`transition`, keeping the queue and the active set in step."""
         before = job.state
         event = transition(job, to)
+        now = self.clock()
         if before is JobState.QUEUED and job.queued_since is not None:
-            job.eligible_s += max(0.0, self.clock() - job.queued_since)
+            job.eligible_s += max(0.0, now - job.queued_since)
             job.queued_since = None
         if to is JobState.QUEUED:
-            job.queued_since = self.clock()
+            job.queued_since = now
         if before is JobState.QUEUED:
             self.queue.discard(job.id)
         elif before in ACTIVE_STATES and to not in ACTIVE_STATES:

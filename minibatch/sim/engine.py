@@ -227,6 +227,7 @@ class Simulator:
         history = AccuracyLedger() if "accuracy" in self.needs else None
         accounting = ledger is not None or history is not None
         no_usage = FairshareView()
+        no_accuracy: dict[str, tuple[float, ...]] = {}
         instants = passes = 0
         while arrived < total or ends:
             if ends and (arrived >= total or ends[0][0] <= jobs[arrived].submit):
@@ -285,26 +286,16 @@ class Simulator:
                     )
                 node_views = tuple(views.values())
                 dirty.clear()
-            if accounting:
-                snap = ClusterSnapshot(
-                    now=now,
-                    generation=clock.version,
-                    nodes=node_views,
-                    running=RecordView(running, clock),
-                    pending=RecordView(queue, clock),
-                    reservations=active,
-                    fairshare=no_usage if ledger is None else ledger.view(now),
-                    accuracy={} if history is None else history.view(),
-                )
-            else:
-                snap = ClusterSnapshot(
-                    now=now,
-                    generation=clock.version,
-                    nodes=node_views,
-                    running=RecordView(running, clock),
-                    pending=RecordView(queue, clock),
-                    reservations=active,
-                )
+            snap = ClusterSnapshot(
+                now=now,
+                generation=clock.version,
+                nodes=node_views,
+                running=RecordView(running, clock),
+                pending=RecordView(queue, clock),
+                reservations=active,
+                fairshare=no_usage if ledger is None else ledger.view(now),
+                accuracy=no_accuracy if history is None else history.view(),
+            )
             plan = policy_plan(snap)
             passes += 1
             clock.version += 1  # the snapshot's views are stale from here on

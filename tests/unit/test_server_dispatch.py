@@ -120,9 +120,9 @@ def test_first_fit_skips_full_and_down_nodes(server_state: ServerState):
     a = submit(server_state, 2)
     assert server_state.start(a, ("n0",)) is None
     req = JobRequest(ppn=2)
-    assert dispatch.first_fit(server_state.nodes, req) == ("n1",)
+    assert server_state.nodes.first_fit(req) == ("n1",)
     server_state.nodes.nodes["n1"].up = False
-    assert dispatch.first_fit(server_state.nodes, req) is None
+    assert server_state.nodes.first_fit(req) is None
     assert server_state.nodes.any_free_cpu() is False
 
 
