@@ -105,6 +105,9 @@ class NodeDaemonConfig(
     kill_grace: float = 5.0
     #: Seconds between samples of a job's process tree (memory limit, max RSS).
     sample_interval: float = 0.25
+    #: Sent to a malleable job's processes that catch it once its CPUs changed
+    #: (``USR1``, ``USR2``, ... or ``none``).
+    resize_signal: str = "USR1"
 
 
 class QosConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -206,6 +209,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             self.fairshare.usage_config()
         except ValueError as exc:
             raise InvalidArgument(f"[fairshare]: {exc}") from None
+        from minibatch.node.resizer import parse_signal
+
+        try:
+            parse_signal(self.node.resize_signal)
+        except ValueError as exc:
+            raise InvalidArgument(f"[node] resize_signal: {exc}") from None
 
     def server_endpoint(self, paths: Paths) -> str:
         return self.server.endpoint or f"ipc://{paths.run / 'server.sock'}"

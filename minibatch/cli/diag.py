@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from minibatch.cli import common
+from minibatch.cli import common, render
 from minibatch.cli.ranking import Ranking, maui_date, maui_duration, rank
 from minibatch.core.job import Job, JobResult, JobState, eligible_time
 from minibatch.core.snapshot import ClusterSnapshot
@@ -249,6 +249,16 @@ def render_checkjob(job: Job, reply: DiagnoseReply, now: float) -> str:
     if job.alloc:
         where = " ".join(f"{a.node}:{format_cpu_list(a.cpus)}" for a in job.alloc)
         lines.append(f"Allocated: {where}  since {maui_date(job.start_time or now)}")
+    if req.malleable is not None:
+        held = sum(len(a.cpus) for a in job.alloc)
+        now_text = f", holds {held} now" if job.alloc else ""
+        lines.append(f"Malleable: {req.malleable[0]}-{req.malleable[1]} CPUs{now_text}")
+        if job.time_limit:
+            lines.append(f"WallTime limit: {maui_duration(job.time_limit)} (stretched)")
+        if job.borrowed:
+            lent = ", ".join(f"{n} from job {m}" for m, n in job.borrowed.items())
+            lines.append(f"Borrowed: {lent}")
+        lines += [f"Resized: {line}" for line in render.resize_history(job)]
     ranking = rank(reply)
     if job.state in (JobState.QUEUED, JobState.HELD, JobState.WAITING):
         lines += _priority_lines(ranking, snap, job)

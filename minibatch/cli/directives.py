@@ -31,7 +31,7 @@ _SLURM_SHORT = {
     "p": "partition", "H": "hold", "A": "account", "q": "qos",
 }
 # fmt: on
-_SLURM_LONG = frozenset(_SLURM_SHORT.values()) | {"mem", "reservation"}
+_SLURM_LONG = frozenset(_SLURM_SHORT.values()) | {"mem", "reservation", "malleable"}
 _SLURM_FLAGS = frozenset({"hold"})
 
 _DIRECTIVE = re.compile(r"^#(PBS|SBATCH)(?=\s|$)")
@@ -68,6 +68,8 @@ class SubmitOptions(msgspec.Struct, kw_only=True):
     qos: str | None = None
     #: An advance reservation to run inside (``-l advres=NAME``).
     advres: str | None = None
+    #: Malleable: the fewest and most CPUs (``-l malleable=MIN-MAX``).
+    malleable: tuple[int, int] | None = None
     #: #SBATCH directives were used: Slurm sends stderr to the output file by default.
     slurm: bool = False
 
@@ -173,6 +175,16 @@ def parse_slurm_mem(text: str) -> int:
     return int(m.group(1)) * _SLURM_MEM_KB[m.group(2).lower()]
 
 
+def parse_malleable(text: str) -> tuple[int, int]:
+    """``2-8`` -> (2, 8): the fewest and most CPUs a malleable job runs on."""
+    low, dash, high = text.strip().partition("-")
+    if not dash or not low.isdigit() or not high.isdigit():
+        raise InvalidArgument(
+            f"malformed malleable range {text!r} (expected MIN-MAX, e.g. 2-8)"
+        )
+    return int(low), int(high)
+
+
 # -------------------------------------------------------------- resources
 
 
@@ -234,8 +246,10 @@ def apply_resources(opts: SubmitOptions, text: str) -> None:
             opts.qos = check_word(value, "QOS")
         elif key == "advres":
             opts.advres = check_word(value, "reservation name")
+        elif key == "malleable":
+            opts.malleable = parse_malleable(value)
         else:
-            supported = "ncpus, nodes, select, mem, walltime, qos, advres"
+            supported = "ncpus, nodes, select, mem, walltime, qos, advres, malleable"
             raise InvalidArgument(f"unsupported resource {key!r} ({supported})")
 
 
@@ -293,6 +307,8 @@ def apply_option(
         opts.qos = check_word(value, "QOS")
     elif key == "reservation":
         opts.advres = check_word(value, "reservation name")
+    elif key == "malleable":
+        opts.malleable = parse_malleable(value)
     elif key == "time":
         opts.walltime = parse_slurm_time(value)
     elif key == "mem":

@@ -23,6 +23,7 @@ import msgspec
 from minibatch.cli import common, directives
 from minibatch.cli.directives import SubmitOptions
 from minibatch.core.job import JobRequest, JobSpec
+from minibatch.core.resize import check_range
 from minibatch.errors import InvalidArgument
 
 USAGE = """\
@@ -39,7 +40,8 @@ Submit a batch job and print its id. Options override #PBS/#SBATCH directives.
   -l LIST          resources: ncpus=N, nodes=N[:ppn=C], select=N:ncpus=C[:mem=S],
                    mem=SIZE, walltime=[[HH:]MM:]SS (repeatable, comma lists);
                    qos=NAME (quality of service), advres=NAME (run inside the
-                   advance reservation NAME, see setres)
+                   advance reservation NAME, see setres), malleable=MIN-MAX
+                   (the job's CPUs may change while it runs, within MIN-MAX)
   -A ACCOUNT       account to charge (fairshare by account)
   -W depend=LIST   afterok:ID[:ID...],afternotok:...,afterany:...
   -h               submit on user hold (release with qrls)
@@ -111,7 +113,10 @@ def to_request(opts: SubmitOptions) -> JobRequest:
         ppn = -(-(opts.ntasks or 1) // nodes) * (opts.cpus_per_task or 1)
     else:
         ppn = 1
-    request = JobRequest(nodes=nodes, ppn=ppn, mem_kb=opts.mem_kb)
+    request = JobRequest(
+        nodes=nodes, ppn=ppn, mem_kb=opts.mem_kb, malleable=opts.malleable
+    )
+    check_range(request.malleable, request.ppn, request.nodes)
     if opts.walltime is not None:
         # Unset stays at JobRequest's default, which the server treats as its own.
         request = msgspec.structs.replace(request, walltime=opts.walltime)

@@ -12,7 +12,14 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from minibatch.core.job import Job, JobState, eligible_time, state_letter
+from minibatch.core.job import (
+    Job,
+    JobState,
+    allocated_cpu_seconds,
+    eligible_time,
+    limit_of,
+    state_letter,
+)
 from minibatch.core.units import format_cpu_list, format_duration, format_size_kb
 from minibatch.protocol.messages import NodeInfo
 
@@ -73,6 +80,22 @@ def _cput(job: Job) -> str:
 
 def _ctime(t: float | None) -> str | None:
     return None if t is None else time.ctime(t)
+
+
+def malleable_range(job: Job) -> str | None:
+    """``2-8`` for a malleable job, None for a rigid one."""
+    m = job.request.malleable
+    return None if m is None else f"{m[0]}-{m[1]}"
+
+
+def resize_history(job: Job) -> list[str]:
+    """One line per resize: ``HH:MM:SS 4->2 CPUs 0-3 -> 0-1 (cause)``."""
+    return [
+        f"{time.strftime('%H:%M:%S', time.localtime(r.time))} "
+        f"{len(r.before)}->{len(r.after)} CPUs {format_cpu_list(r.before)} -> "
+        f"{format_cpu_list(r.after)}" + (f" ({r.cause})" if r.cause else "")
+        for r in job.resizes
+    ]
 
 
 # ------------------------------------------------------------------ qstat
@@ -148,6 +171,16 @@ def _full_attrs(job: Job, now: float) -> list[tuple[str, str | None]]:
         ("Resource_List.nodect", str(req.nodes)),
         ("Resource_List.nodes", f"{req.nodes}:ppn={req.ppn}"),
         ("Resource_List.walltime", format_duration(req.walltime)),
+        ("Resource_List.malleable", malleable_range(job)),
+        (
+            "resources_used.ncpus",
+            str(_alloc_cpus(job)) if req.malleable and job.alloc else None,
+        ),
+        (
+            "walltime_limit",
+            format_duration(limit_of(job)) if job.time_limit else None,
+        ),
+        ("resize_history", "; ".join(resize_history(job)) or None),
         ("Variable_List", origin or None),
         ("euser", job.user),
         ("egroup", job.group or None),
@@ -224,6 +257,24 @@ def job_record(job: Job) -> dict[str, Any]:
         "mem_kb": req.mem_kb,
         "walltime": req.walltime,
         "depends": [{"kind": d.kind.value, "job": d.job} for d in job.depends],
+        "malleable": None if req.malleable is None else list(req.malleable),
+        "time_limit": limit_of(job),
+        # Finished jobs only: a record must not change between two queries.
+        "allocated_cpu_s": (
+            None if job.end_time is None else allocated_cpu_seconds(job, job.end_time)
+        ),
+        "resizes": [
+            {
+                "time": r.time,
+                "node": r.node,
+                "before": list(r.before),
+                "after": list(r.after),
+                "cause": r.cause,
+            }
+            for r in job.resizes
+        ],
+        "resizing": bool(job.resizing),
+        "borrowed": {str(k): v for k, v in job.borrowed.items()},
     }
 
 
@@ -291,10 +342,7 @@ ACCT_FIELDS: dict[str, tuple[int, _Getter]] = {
     "ExitCode": (8, lambda j, now: slurm_exit_code(j)),
     "Elapsed": (10, lambda j, now: slurm_duration(elapsed(j, now))),
     "TotalCPU": (10, lambda j, now: slurm_duration(j.cputime_s)),
-    "CPUTime": (
-        10,
-        lambda j, now: slurm_duration((elapsed(j, now) or 0) * _alloc_cpus(j)),
-    ),
+    "CPUTime": (10, lambda j, now: slurm_duration(allocated_cpu_seconds(j, now))),
     "MaxRSS": (10, lambda j, now: "" if j.maxrss_kb is None else f"{j.maxrss_kb}K"),
     "AllocCPUS": (10, lambda j, now: str(_alloc_cpus(j))),
     "ReqCPUS": (8, lambda j, now: str(j.request.cpus)),
@@ -308,6 +356,8 @@ ACCT_FIELDS: dict[str, tuple[int, _Getter]] = {
     "End": (19, lambda j, now: _slurm_time(j.end_time)),
     "Timelimit": (10, lambda j, now: slurm_duration(j.request.walltime)),
     "ReqMem": (10, lambda j, now: _slurm_mem(j.request.mem_kb)),
+    "Malleable": (9, lambda j, now: malleable_range(j) or ""),
+    "Resizes": (7, lambda j, now: str(len(j.resizes))),
     "Reason": (20, lambda j, now: j.reason or "None"),
     "WorkDir": (30, lambda j, now: j.workdir),
 }

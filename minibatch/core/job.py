@@ -103,6 +103,9 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     walltime: int = 3600
     #: GPUs on each node.
     gpus: int = 0
+    #: A malleable job's fewest and most CPUs on each node (``qsub -l
+    #: malleable=MIN-MAX``), ``ppn`` lying between them; None: a rigid job.
+    malleable: tuple[int, int] | None = None
 
     @property
     def cpus(self) -> int:
@@ -135,6 +138,18 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
 class Allocation(msgspec.Struct, frozen=True):
     node: str
     cpus: list[int]
+
+
+class ResizeEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One change of a running job's CPUs, as the node applied it."""
+
+    #: When the node applied it (the server's clock for one never applied).
+    time: float
+    node: str
+    before: list[int]
+    after: list[int]
+    #: Why: ``qalter by alice``, ``sd: room for job 12``, ``job 12 ended``, ...
+    cause: str = ""
 
 
 class Job(msgspec.Struct, kw_only=True):
@@ -181,12 +196,46 @@ class Job(msgspec.Struct, kw_only=True):
     queued_since: float | None = None
     #: The top process's pid, which leads the job's session (PBS ``session_id``).
     session_id: int | None = None
+    #: Every resize applied to the running job, oldest first (accounting
+    #: integrates the allocation over them).
+    resizes: list[ResizeEvent] = []
+    #: Resizes sent to the node and not yet acknowledged, in the order sent
+    #: (``time`` is when the server sent each).
+    resizing: list[ResizeEvent] = []
+    #: Seconds from the start the job may run: its requested walltime, stretched
+    #: while it runs on fewer CPUs than it asked for (0: the requested walltime).
+    time_limit: float = 0.0
+    #: A job started on CPUs taken from running malleable jobs (SD-Policy's
+    #: guest): mate job id -> CPUs it gave; they get them back when this ends.
+    borrowed: dict[int, int] = {}
 
     @property
     def display_id(self) -> str:
         if self.array_id is None:
             return str(self.id)
         return f"{self.array_id}[{self.array_index}]"
+
+
+def limit_of(job: Job) -> float:
+    """Seconds from its start the job may run (its walltime, as stretched)."""
+    return job.time_limit or float(job.request.walltime)
+
+
+def allocated_cpu_seconds(job: Job, now: float) -> float:
+    """CPU-seconds the job held: its allocation integrated over its run, resizes
+    included (what accounting charges; CPUTime in ``mb acct``). A resized job
+    runs on one node, the only one it holds."""
+    if job.start_time is None:
+        return 0.0
+    end = job.end_time if job.end_time is not None else now
+    if not job.resizes:
+        return sum(len(a.cpus) for a in job.alloc) * max(0.0, end - job.start_time)
+    total, since, held = 0.0, job.start_time, len(job.resizes[0].before)
+    for event in job.resizes:
+        at = min(max(event.time, since), end)
+        total += held * (at - since)
+        since, held = at, len(event.after)
+    return total + held * max(0.0, end - since)
 
 
 def eligible_since(job: Job) -> float | None:

@@ -40,6 +40,15 @@ class RunningView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     group: str = ""
     account: str = ""
     qos: str = ""
+    #: Malleable jobs: the fewest and most CPUs per node (None: rigid), the
+    #: CPUs per node asked for, when the job was submitted and the walltime it
+    #: asked for (``walltime`` is that limit as stretched by resizes), and the
+    #: CPUs it holds that it borrowed from mates: ((mate id, cpus), ...).
+    malleable: tuple[int, int] | None = None
+    ppn: int = 0
+    submit_time: float = 0.0
+    req_walltime: float = 0.0
+    borrowed: tuple[tuple[int, int], ...] = ()
 
     def expected_end(self, now: float) -> float:
         """Start + requested time; a job past it is treated as ending now."""
@@ -127,15 +136,33 @@ class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Start(msgspec.Struct, frozen=True):
-    """Start ``job`` with ``ppn`` CPUs on each named node (the server picks CPU ids)."""
+    """Start ``job`` on the named nodes (the server picks CPU ids): its requested
+    CPUs on each, or ``ppn`` of them (a malleable job, within its range)."""
 
     job: int
     nodes: tuple[str, ...]
+    ppn: int = 0
+
+
+class Resize(msgspec.Struct, frozen=True):
+    """Give running malleable job ``job`` ``cpus`` CPUs on its node (the server
+    picks which: a shrink keeps the lowest ids, a growth takes free ones).
+
+    ``guest``: the pending job these CPUs are taken for (0: none). The guest's
+    start and all its resizes stand or fall together; the CPUs go back to this
+    job when the guest ends.
+    """
+
+    job: int
+    cpus: int
+    guest: int = 0
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
     generation: int
     starts: list[Start] = []
+    #: Running malleable jobs to shrink or expand, applied before ``starts``.
+    resizes: list[Resize] = []
     #: Why a pending job does not start, in words a person understands.
     reasons: dict[int, str] = {}
     #: The reason of every pending job not in ``reasons`` (lets a pass stop early).

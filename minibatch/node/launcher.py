@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minibatch.core.units import format_cpu_list
+from minibatch.node.resizer import write_cpuset
 from minibatch.protocol.messages import LaunchSpec
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -114,6 +115,8 @@ def job_environment(
     ident: Identity,
     cpus: list[int],
     nodefile: str,
+    cpuset_file: str = "",
+    resize_signal: str = "USR1",
 ) -> dict[str, str]:
     """The job's environment: the submitter's, plus what tells it where it runs."""
     env = {k: v for k, v in spec.env.items() if not k.startswith(_FOREIGN_PREFIXES)}
@@ -148,6 +151,10 @@ def job_environment(
         SLURM_JOB_NODELIST=",".join(hosts),
         SLURM_SUBMIT_DIR=spec.workdir,
     )
+    if cpuset_file:
+        # Where a malleable job reads its CPUs after a resize, and the signal
+        # that announces one (minibatch.malleable reads both).
+        env.update(MB_CPUSET_FILE=cpuset_file, MB_RESIZE_SIGNAL=resize_signal)
     if spec.array_index is not None:
         env["PBS_ARRAYID"] = str(spec.array_index)
         env["SLURM_ARRAY_TASK_ID"] = str(spec.array_index)
@@ -172,11 +179,13 @@ class Launcher:
         home: str,
         spool: Path,
         cpu_map: Mapping[int, int] | None = None,
+        resize_signal: str = "USR1",
     ) -> None:
         self.node = node
         self.home = home
         self.spool = spool
         self.cpu_map = dict(cpu_map or {})
+        self.resize_signal = resize_signal
         self._euid = os.geteuid()
         spool.mkdir(mode=0o755, parents=True, exist_ok=True)
 
@@ -197,6 +206,8 @@ class Launcher:
                 ident,
             )
             argv = self._command(spec, ident)
+            cpuset = self.cpuset_path(spec.job)
+            write_cpuset(cpuset, cpus)
             env = job_environment(
                 spec,
                 node=self.node,
@@ -204,6 +215,8 @@ class Launcher:
                 ident=ident,
                 cpus=cpus,
                 nodefile=str(nodefile),
+                cpuset_file=str(cpuset),
+                resize_signal=self.resize_signal,
             )
             out_fd, err_fd = self._open_outputs(spec, ident)
         except (OSError, ValueError) as exc:  # ValueError: a NUL byte in a path
@@ -295,8 +308,12 @@ class Launcher:
                 raise
         return out_fd, err_fd
 
+    def cpuset_path(self, job: int) -> Path:
+        """``$MB_CPUSET_FILE``: the job's CPUs now, one line (see resizer)."""
+        return self.spool / f"{job}.cpus"
+
     def cleanup(self, job: int) -> None:
         """Remove the job's spool files (best effort)."""
-        for suffix in (".sh", ".nodes"):
+        for suffix in (".sh", ".nodes", ".cpus"):
             with contextlib.suppress(OSError):
                 (self.spool / f"{job}{suffix}").unlink()

@@ -55,6 +55,12 @@ class Run:
     leftovers: int = 0
     drain_since: float | None = None
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    #: The node CPU ids the job is confined to now (they change on a resize).
+    cpus: list[int] = field(default_factory=list)
+    #: Seconds from the start the job may run, and the timer that enforces it
+    #: (re-armed when a resize stretches the limit).
+    limit: float = 0.0
+    walltime_timer: asyncio.TimerHandle | None = None
 
 
 class Ownership:

@@ -4,16 +4,16 @@ One asyncio loop, one thread. The daemon registers with the server (``NodeHello`
 retried every heartbeat interval until it is answered), then sends a ``Heartbeat``
 every ``config.node.heartbeat`` seconds listing the jobs it runs; a heartbeat
 answered NOT_FOUND means the server restarted and forgot the node, so it says
-hello again. ``Launch`` and ``Kill`` arrive unsolicited and go to the
+hello again. ``Launch``, ``ResizeJob`` and ``Kill`` arrive unsolicited and go to the
 :class:`~minibatch.node.tracker.Tracker`.
 
-**Reports.** ``JobEnded`` is a request, kept until the server answers it and
-re-sent every heartbeat until then (the server treats repeats as no-ops), so a
-job's end survives a server restart. ``JobStarted`` (the process's pid and real
-start time) is a notification, sent at once with no reply: one round trip less
-per job, and if the server is down at that instant it keeps the start time it
-planned. It leaves before any report made after it, so a job's start is never
-delivered after its end.
+**Reports.** ``JobEnded`` and ``JobResized`` are requests, kept until the server
+answers and re-sent every heartbeat until then (the server treats repeats as
+no-ops), so a job's end or resize survives a server restart. ``JobStarted``
+(the process's pid and real start time) is a notification, sent at once with no
+reply: one round trip less per job, and if the server is down at that instant
+it keeps the start time it planned. It leaves before any report made after it,
+so a job's start is never delivered after its end.
 
 **Stopping** (SIGTERM/SIGINT): every job is killed (TERM, grace, KILL) and reported
 ``node_fail`` "node daemon stopped"; the reports get a short best-effort flush; the
@@ -50,11 +50,13 @@ from minibatch.node.tracker import Report, Tracker
 from minibatch.protocol.messages import (
     Heartbeat,
     JobEnded,
+    JobResized,
     JobStarted,
     Kill,
     Launch,
     Message,
     NodeHello,
+    ResizeJob,
 )
 
 log = logging.getLogger("minibatch.node")
@@ -100,11 +102,18 @@ class NodeDaemon:
                 format_cpu_list(cpus),
                 format_cpu_list(sorted(set(mapping.values()))),
             )
-        self.launcher = Launcher(name, str(paths.home), paths.state / "spool", mapping)
+        self.launcher = Launcher(
+            name,
+            str(paths.home),
+            paths.state / "spool",
+            mapping,
+            resize_signal=config.node.resize_signal,
+        )
         self.tracker = Tracker(self.launcher, config.node, self._report)
         self._client: AsyncClient | None = None
-        #: Unanswered reports in the order they were made, with error counts.
-        self._unacked: dict[int, tuple[JobEnded, int]] = {}
+        #: Unanswered reports in the order they were made, with error counts
+        #: (a job's newer resize report replaces an older one).
+        self._unacked: dict[tuple[str, int], tuple[JobEnded | JobResized, int]] = {}
         self._wake_sender = asyncio.Event()
         self._registered = False
         #: Whether the last request was answered (None: none sent yet); logs
@@ -153,6 +162,8 @@ class NodeDaemon:
                 self.tracker.launch(body.spec)
             elif isinstance(body, Kill):
                 self.tracker.kill(body.job, body.result)
+            elif isinstance(body, ResizeJob):
+                self.tracker.resize(body.job, body.cpus, body.time_limit)
             else:
                 log.warning("ignoring an unexpected %s", type(body).__name__)
         except Exception:
@@ -228,7 +239,9 @@ class NodeDaemon:
             if self._client is not None:
                 self._client.notify(report)
             return
-        self._unacked[report.job] = (report, 0)
+        key = ("resized" if isinstance(report, JobResized) else "ended", report.job)
+        self._unacked.pop(key, None)  # keep the order reports were made in
+        self._unacked[key] = (report, 0)
         self._wake_sender.set()
 
     async def _sender(self) -> None:

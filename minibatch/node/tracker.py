@@ -44,15 +44,16 @@ from collections.abc import Callable
 
 from minibatch.config import NodeDaemonConfig
 from minibatch.core.job import JobResult
-from minibatch.node import procfs
+from minibatch.core.units import format_cpu_list
+from minibatch.node import procfs, resizer
 from minibatch.node.launcher import Launcher, LaunchError
 from minibatch.node.ownership import Ownership, Run, ended_report, failed_report
 from minibatch.node.procfs import ProcTable
-from minibatch.protocol.messages import JobEnded, JobStarted, LaunchSpec
+from minibatch.protocol.messages import JobEnded, JobResized, JobStarted, LaunchSpec
 
 log = logging.getLogger(__name__)
 
-Report = JobStarted | JobEnded
+Report = JobStarted | JobResized | JobEnded
 #: How many finished job ids are remembered, so a repeated Launch is ignored.
 _FINISHED_MEMORY = 10_000
 #: A job whose leftovers will not die (uninterruptible sleep) is ended anyway.
@@ -162,13 +163,11 @@ class Tracker:
             log.exception("job %s: launching failed", spec.display_id)
             self._fail(spec.job, JobResult.FAILED, f"node daemon error: {exc!r}")
             return
-        run = Run(spec, popen, popen.pid, time.time())
+        run = Run(spec, popen, popen.pid, time.time(), cpus=list(spec.cpus))
         run.spawner_maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self._own.add(run)
         self._idle.clear()
-        assert self._loop is not None
-        if spec.walltime > 0:
-            run.timers.append(self._loop.call_later(spec.walltime, self._walltime, run))
+        self._arm_walltime(run, spec.walltime)
         log.info("job %s: started pid %d", spec.display_id, run.pid)
         self._emit(JobStarted(job=spec.job, pid=run.pid, time=run.start))
 
@@ -185,6 +184,63 @@ class Tracker:
         run.kill_reason, run.comment = result, comment
         log.info("job %s: killing (%s)", run.spec.display_id, result)
         self._terminate(run)
+
+    def resize(self, job: int, cpus: list[int], time_limit: float) -> None:
+        """Confine the job to ``cpus`` (node ids), tell it, and answer with a
+        ``JobResized``; a job not running here is answered with an error."""
+        run = self._own.jobs.get(job)
+        if run is None or run.status is not None or run.kill_reason is not None:
+            why = "the job is not running on this node"
+            self._emit(JobResized(job=job, cpus=[], time=time.time(), error=why))
+            return
+        physical = self.launcher.physical_cpus(cpus)
+        try:
+            moved = resizer.set_mask(lambda: self._tree_now(run), physical)
+        except resizer.ResizeRefused as exc:
+            log.warning("job %s: resize refused: %s", run.spec.display_id, exc)
+            self._emit(
+                JobResized(job=job, cpus=run.cpus, time=time.time(), error=str(exc))
+            )
+            return
+        now = time.time()
+        run.cpus = list(cpus)
+        try:
+            resizer.write_cpuset(self.launcher.cpuset_path(job), physical)
+        except OSError as exc:
+            log.warning("job %s: cannot write its CPU list: %s", job, exc)
+        signalled = resizer.notify(self._tree_now(run), self.resize_signal)
+        self._arm_walltime(run, time_limit)
+        log.info(
+            "job %s: resized to CPUs %s (%d threads moved, %d processes told)",
+            run.spec.display_id,
+            format_cpu_list(physical),
+            moved,
+            len(signalled),
+        )
+        self._emit(JobResized(job=job, cpus=list(cpus), time=now))
+
+    @property
+    def resize_signal(self) -> int | None:
+        return resizer.parse_signal(self.launcher.resize_signal)
+
+    def _tree_now(self, run: Run) -> list[int]:
+        table = self._own.scan()
+        return [p for p in self._own.tree(run, table) if not table.procs[p].zombie]
+
+    def _arm_walltime(self, run: Run, limit: float) -> None:
+        """(Re)arm the walltime kill ``limit`` seconds after the job's start."""
+        run.limit = limit
+        if run.walltime_timer is not None:
+            run.walltime_timer.cancel()
+            run.timers.remove(run.walltime_timer)
+            run.walltime_timer = None
+        if run.spec.walltime <= 0:
+            return  # no limit at all
+        assert self._loop is not None
+        delay = max(0.0, run.start + limit - time.time())
+        handle = self._loop.call_later(delay, self._walltime, run)
+        run.walltime_timer = handle
+        run.timers.append(handle)
 
     # ------------------------------------------------------------- reaping
 
@@ -329,7 +385,7 @@ class Tracker:
     def _walltime(self, run: Run) -> None:
         if run.kill_reason is None:
             run.kill_reason = JobResult.TIMEOUT
-            run.comment = f"walltime of {run.spec.walltime} s exceeded"
+            run.comment = f"walltime of {run.limit:.0f} s exceeded"
             log.info("job %s: %s", run.spec.display_id, run.comment)
             self._terminate(run)
 

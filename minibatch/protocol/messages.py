@@ -8,8 +8,8 @@ removing one bumps ``PROTOCOL_VERSION``.
 
 Roles: *clients* (the commands) send the client requests; the *scheduler* sends
 ``SchedHello``, ``GetSnapshot`` and ``ApplyPlan`` and receives ``Wake``; a *node*
-sends ``NodeHello``, ``Heartbeat``, ``JobStarted`` and ``JobEnded`` and receives
-``Launch`` and ``Kill``.
+sends ``NodeHello``, ``Heartbeat``, ``JobStarted``, ``JobResized`` and
+``JobEnded`` and receives ``Launch``, ``ResizeJob`` and ``Kill``.
 """
 
 # No ``from __future__ import annotations`` in the modules that define wire
@@ -92,7 +92,8 @@ class JobControl(_Msg, frozen=True, kw_only=True, tag="job_control"):
 
 
 class Alter(_Msg, frozen=True, kw_only=True, tag="alter"):
-    """-> JobList. ``qalter`` of a pending job."""
+    """-> JobList. ``qalter`` of a pending job; of a running malleable job,
+    ``ncpus`` resizes it (its owner within its range, or an operator)."""
 
     selector: str
     name: str | None = None
@@ -302,6 +303,27 @@ class Launch(_Msg, frozen=True, kw_only=True, tag="launch"):
     spec: LaunchSpec
 
 
+class ResizeJob(_Msg, frozen=True, kw_only=True, tag="resize_job"):
+    """Server -> node: confine the job to ``cpus`` (node CPU ids) and let it run
+    for ``time_limit`` seconds from its start. No reply: the node answers with
+    ``JobResized``."""
+
+    job: int
+    cpus: list[int]
+    time_limit: float
+
+
+class JobResized(_Msg, frozen=True, kw_only=True, tag="job_resized"):
+    """-> Ok. The node applied a ``ResizeJob`` (``error`` ""), or could not:
+    ``cpus`` are the node CPU ids the job is confined to now. Re-sent until
+    acknowledged; a repeat is a no-op."""
+
+    job: int
+    cpus: list[int]
+    time: float
+    error: str = ""
+
+
 class Kill(_Msg, frozen=True, kw_only=True, tag="kill"):
     """Server -> node: end the job's whole process tree. No reply."""
 
@@ -363,6 +385,8 @@ Message = (
     | Heartbeat
     | Launch
     | Kill
+    | ResizeJob
+    | JobResized
     | JobStarted
     | JobEnded
 )

@@ -18,6 +18,7 @@ from minibatch.protocol.messages import (
     JobControl,
     JobEnded,
     JobList,
+    JobResized,
     JobStarted,
     Message,
     NodeHello,
@@ -34,7 +35,7 @@ from minibatch.protocol.messages import (
     Submit,
     Submitted,
 )
-from minibatch.server import admin, liveness
+from minibatch.server import admin, liveness, malleable
 from minibatch.server.access import Context, Handler, need_caller, need_daemon
 from minibatch.server.state import ServerState
 from minibatch.server.submit import Caller
@@ -141,12 +142,23 @@ def alter(
     jobs = state.select(msg.selector, finished=False)
     for job in jobs:
         _may_control(ctx, caller, job)
-        if job.state not in PENDING_STATES:
+        if job.state in PENDING_STATES:
+            continue
+        if job.state is not JobState.RUNNING or job.request.malleable is None:
             raise InvalidArgument(
-                f"job {job.display_id} is {job.state}; only pending jobs can be altered"
+                f"job {job.display_id} is {job.state}; only pending jobs can be "
+                "altered (and the ncpus of a running malleable job)"
             )
+        if msg.name is not None or msg.walltime is not None or msg.ncpus is None:
+            raise InvalidArgument(
+                f"job {job.display_id} is running: only its ncpus can be altered"
+            )
+        why = malleable.check(state, job, msg.ncpus)
+        if why is not None:
+            raise InvalidArgument(why)
+    by = need_caller(caller).user
     for job in jobs:
-        state.alter(job, msg.name, msg.walltime, msg.ncpus)
+        state.alter(job, msg.name, msg.walltime, msg.ncpus, by=by)
     return JobList(jobs=jobs)
 
 
@@ -226,14 +238,7 @@ def apply_plan(
     msg: ApplyPlan,
 ) -> Message:
     need_daemon(ctx, caller)
-    started: list[int] = []
-    rejected: dict[int, str] = {}
-    for start in msg.plan.starts:
-        why = state.start(start.job, start.nodes)
-        if why is None:
-            started.append(start.job)
-        else:
-            rejected[start.job] = why
+    started, rejected = malleable.apply_plan(state, msg.plan)
     state.queue.take_notes(msg.plan, state.snapshot_time)
     if rejected:
         # The plan is stale (the server started jobs meanwhile); a refused
@@ -284,6 +289,18 @@ def job_started(
     return None  # a notification
 
 
+def job_resized(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    ident: bytes,
+    msg: JobResized,
+) -> Message:
+    need_daemon(ctx, caller)
+    malleable.acknowledged(state, msg)
+    return Ok()
+
+
 def job_ended(
     state: ServerState, ctx: Context, caller: Caller | None, ident: bytes, msg: JobEnded
 ) -> Message:
@@ -317,6 +334,7 @@ HANDLERS: dict[type, Handler] = {
     NodeHello: node_hello,
     Heartbeat: heartbeat,
     JobStarted: job_started,
+    JobResized: job_resized,
     JobEnded: job_ended,
     **admin.HANDLERS,
 }

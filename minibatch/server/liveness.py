@@ -17,6 +17,7 @@ from __future__ import annotations
 from minibatch.core.job import ACTIVE_STATES, JobResult
 from minibatch.errors import NotFound
 from minibatch.protocol.messages import Heartbeat, Kill, NodeHello
+from minibatch.server import malleable
 from minibatch.server.nodes import Node
 from minibatch.server.state import LOST_AFTER_MISSES, ServerState
 
@@ -50,6 +51,7 @@ def hello(state: ServerState, msg: NodeHello, route: bytes) -> None:
             )
     for jid in sorted(reported - _jobs_on(state, node)):
         state.outbox.append((node.route, Kill(job=jid, result=JobResult.CANCELLED)))
+    malleable.resend(state, node)
     state.publish_node(node)
     state.changed()
 

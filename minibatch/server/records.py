@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from minibatch.core.job import Job, eligible_since
+from minibatch.core.job import Job, eligible_since, limit_of
 from minibatch.core.snapshot import PendingView
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import LaunchSpec
@@ -27,7 +28,7 @@ def launch_spec(job: Job) -> LaunchSpec:
         join=job.join,
         cpus=job.alloc[0].cpus,
         hosts=[a.node for a in job.alloc],
-        walltime=job.request.walltime,
+        walltime=math.ceil(limit_of(job)),
         mem_kb=mem_per_node(job.request),
         array_id=job.array_id,
         array_index=job.array_index,

@@ -106,9 +106,12 @@ class ReservationBook:
 class JobCpus:
     """The CPUs one job may take, given the reservations (a ``CpuChooser``)."""
 
-    def __init__(self, book: ReservationBook, job: Job, now: float) -> None:
+    def __init__(
+        self, book: ReservationBook, job: Job, now: float, end: float | None = None
+    ) -> None:
         self.book, self.job, self.now = book, job, now
-        self.end = now + job.request.walltime
+        #: Until when the CPUs are wanted (default: a start now, for its walltime).
+        self.end = now + job.request.walltime if end is None else end
 
     def refusal(self) -> str | None:
         """Why the job may not start now at all (its reservation), or None."""

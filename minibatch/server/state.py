@@ -27,11 +27,12 @@ from minibatch.core.job import (
     dependency_outcome,
     transition,
 )
+from minibatch.core.resize import limit_rate, new_limit, refusal
 from minibatch.core.snapshot import ClusterSnapshot
 from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import Kill, Launch, Message, Wake
-from minibatch.server import booking, views
+from minibatch.server import booking, malleable, views
 from minibatch.server.history import UsageHistory
 from minibatch.server.nodes import Node, NodeRegistry
 from minibatch.server.qos import QosTable
@@ -305,8 +306,24 @@ class ServerState:
         self.changed()
 
     def alter(
-        self, job: Job, name: str | None, walltime: int | None, ncpus: int | None
+        self,
+        job: Job,
+        name: str | None,
+        walltime: int | None,
+        ncpus: int | None,
+        by: str = "",
     ) -> None:
+        if job.state is JobState.RUNNING and job.request.malleable is not None:
+            # qalter -l ncpus=N of a running malleable job resizes it.
+            if name is not None or walltime is not None or ncpus is None:
+                raise InvalidArgument(
+                    f"job {job.display_id} is running: only its ncpus can be altered"
+                )
+            cause = f"qalter by {by}" if by else "qalter"
+            why = malleable.resize(self, job, ncpus, cause)
+            if why is not None:
+                raise InvalidArgument(why)
+            return
         if job.state not in PENDING_STATES:
             raise InvalidArgument(
                 f"job {job.display_id} is {job.state}; only pending jobs can be altered"
@@ -344,24 +361,44 @@ class ServerState:
         self.queue.snapshot_taken(self.generation)
         return views.snapshot(self, now)
 
-    def start(self, job_id: int, names: tuple[str, ...]) -> str | None:
-        """Validate and apply one start decision; the reason it is refused, or None."""
+    def start(self, job_id: int, names: tuple[str, ...], ppn: int = 0) -> str | None:
+        """Validate and apply one start decision; the reason it is refused, or None.
+
+        ``ppn`` (a malleable job only, within its range) starts it on fewer or
+        more CPUs than it asked for; its time limit stretches accordingly.
+        """
         job = self.jobs.get(job_id)
         if job is None or job.state is not JobState.QUEUED:
             return f"job {job_id} is not queued"
         if self.qos.blocks(job.user, job.qos):
             return self.qos.reason(job.user, job.qos)
+        request, limit = job.request, 0.0
+        if ppn and ppn != request.ppn:
+            why = refusal(job.id, request.malleable, request.ppn, ppn, ppn)
+            if why is not None:
+                return why
+            limit = new_limit(
+                0.0,
+                float(request.walltime),
+                float(request.walltime),
+                1.0,
+                limit_rate([ppn], request.ppn),
+            )
+            request = msgspec.structs.replace(request, ppn=ppn)
+        now = self.clock()
         chooser = None
         if self.reservations.by_name or job.advres:
-            chooser = JobCpus(self.reservations, job, self.clock())
-            refusal = chooser.refusal()
-            if refusal is not None:
-                return refusal
-        allocs = self.nodes.allocate(job.id, names, job.request, chooser)
+            end = now + (limit or request.walltime)
+            chooser = JobCpus(self.reservations, job, now, end)
+            why = chooser.refusal()
+            if why is not None:
+                return why
+        allocs = self.nodes.allocate(job.id, names, request, chooser)
         if isinstance(allocs, str):
             return allocs
         self.qos.started(job)
         self._move(job, JobState.RUNNING)
+        job.time_limit = limit
         job.alloc, job.start_time, job.reason = allocs, self.clock(), ""
         job.predicted_start = None
         self.store.put_job(job)
@@ -413,9 +450,12 @@ class ServerState:
             self.history.job_ended(job)
             self.freed = True
         job.reason, job.predicted_start = "", None
+        job.resizing = []
         if comment:
             job.comment = comment
         self.nodes.release(job.id, job.alloc)
+        if was_active and job.borrowed:
+            malleable.give_back(self, job)
         self._unindex(job)
         self.store.finish_job(job)
         self.record(job, "finished", result.value + (f": {comment}" if comment else ""))

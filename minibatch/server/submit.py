@@ -13,6 +13,7 @@ import pwd
 from dataclasses import dataclass
 
 from minibatch.core.job import Job, JobSpec, JobState
+from minibatch.core.resize import check_range
 from minibatch.errors import InvalidArgument
 
 MAX_ARRAY = 100_000
@@ -71,6 +72,7 @@ def check_spec(spec: JobSpec) -> None:
         )
     if req.mem_kb is not None and req.mem_kb <= 0:
         raise InvalidArgument("mem must be positive")
+    check_range(req.malleable, req.ppn, req.nodes)
     if not spec.name or "/" in spec.name or len(spec.name) > 256:
         raise InvalidArgument(f"invalid job name {spec.name!r}")
     if (spec.script is None) == (spec.argv is None):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from minibatch.core.job import Job
+from minibatch.core.job import Job, limit_of
 from minibatch.core.snapshot import ClusterSnapshot, RunningView
 from minibatch.errors import InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
@@ -35,12 +35,17 @@ def snapshot(state: ServerState, now: float) -> ClusterSnapshot:
                 nodes=tuple((a.node, len(a.cpus)) for a in job.alloc),
                 mem_kb_per_node=mem_per_node(job.request),
                 start_time=job.start_time or now,
-                walltime=job.request.walltime,
+                walltime=limit_of(job),
                 gpus_per_node=job.request.gpus,
                 advres=job.advres,
                 group=job.group,
                 account=job.account,
                 qos=job.qos,
+                malleable=job.request.malleable,
+                ppn=job.request.ppn,
+                submit_time=job.submit_time,
+                req_walltime=job.request.walltime,
+                borrowed=tuple(job.borrowed.items()),
             )
         )
     running.sort(key=lambda r: r.id)

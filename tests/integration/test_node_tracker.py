@@ -7,7 +7,6 @@ the operating system says (affinity, files, pids, exit statuses, rusage).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import pwd
 import shutil
@@ -22,100 +21,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from minibatch.config import NodeDaemonConfig
 from minibatch.core.job import JobResult
-from minibatch.node.launcher import Launcher
-from minibatch.node.procfs import kill_leftovers, set_child_subreaper
-from minibatch.node.tracker import Report, Tracker
-from minibatch.protocol.messages import JobEnded, JobStarted, LaunchSpec
-from tests.integration.conftest import gone, wait_file
+from minibatch.node.procfs import kill_leftovers
+from minibatch.protocol.messages import JobEnded, JobStarted
+from tests.integration.conftest import GRACE, Harness, gone, wait_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
-
-GRACE = 0.5
-
-
-class Harness:
-    def __init__(self, tmp: Path) -> None:
-        self.name = f"tnode-{uuid.uuid4().hex[:8]}"
-        self.workdir = tmp / "work"
-        self.workdir.mkdir()
-        self.spool = tmp / "spool"
-        self.reports: list[Report] = []
-        self.extra_pids: list[int] = []
-        self._changed = asyncio.Event()
-        self.launcher = Launcher(self.name, str(tmp), self.spool)
-        self.tracker = Tracker(
-            self.launcher,
-            NodeDaemonConfig(kill_grace=GRACE, sample_interval=0.05),
-            self._on_report,
-            exclusive=False,
-        )
-
-    def _on_report(self, report: Report) -> None:
-        self.reports.append(report)
-        self._changed.set()
-
-    def spec(self, job: int, script: str | None = None, **kw: object) -> LaunchSpec:
-        fields: dict[str, object] = dict(
-            job=job,
-            display_id=str(job),
-            name=f"job{job}",
-            user="someone",
-            uid=os.geteuid(),
-            gid=os.getegid(),
-            workdir=str(self.workdir),
-            script=script,
-            argv=None,
-            env={"PATH": os.environ["PATH"]},
-            stdout_path=f"job{job}.o",
-            stderr_path=f"job{job}.e",
-            join=False,
-            cpus=sorted(os.sched_getaffinity(0))[:1],
-            hosts=[self.name],
-            walltime=60,
-            mem_kb=None,
-        )
-        fields.update(kw)
-        return LaunchSpec(**fields)  # type: ignore[arg-type]
-
-    async def wait_for(self, kind: type, job: int, timeout: float = 10.0) -> Report:
-        deadline = time.monotonic() + timeout
-        while True:
-            for r in self.reports:
-                if isinstance(r, kind) and r.job == job:
-                    return r
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no {kind.__name__} for job {job}")
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
-
-    async def ended(self, job: int, timeout: float = 10.0) -> JobEnded:
-        r = await self.wait_for(JobEnded, job, timeout)
-        assert isinstance(r, JobEnded)
-        return r
-
-    async def started(self, job: int, timeout: float = 10.0) -> JobStarted:
-        r = await self.wait_for(JobStarted, job, timeout)
-        assert isinstance(r, JobStarted)
-        return r
-
-
-@pytest.fixture
-async def node(tmp_path: Path):
-    set_child_subreaper(True)
-    h = Harness(tmp_path)
-    h.tracker.start()
-    try:
-        yield h
-    finally:
-        await h.tracker.close()
-        for pid in h.extra_pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        set_child_subreaper(False)
 
 
 async def test_whole_tree_bound_to_allocated_cpus(node: Harness) -> None:

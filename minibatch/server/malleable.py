@@ -1,0 +1,288 @@
+"""Resizing running malleable jobs: validation, CPU choice, the node's answer.
+
+A resize comes from a plan (``Resize``, beside ``Start``), from ``qalter -l
+ncpus=N`` on a running job, or from the server itself when a guest ends and its
+mates get their CPUs back (seed 002, Listing 3). Whatever its origin it is
+checked by :func:`minibatch.core.resize.refusal` (the rule the simulator applies
+too), then applied here at once: the job's allocation and time limit change
+(:func:`~minibatch.core.resize.new_limit`, worst-case model), the node is sent
+``ResizeJob``, and the change is *pending* until the node answers
+``JobResized``. Only then does it enter the job's history (``resizes``, with the
+node's time: accounting integrates over it) and is it published
+(``minibatch/v1/jobs/<id>/resized``).
+
+CPU choice is mechanism, as for starts: a shrink keeps the job's lowest CPU ids,
+a growth takes free CPUs that no advance reservation holds before the job's new
+end. CPUs a shrink frees are free at once: messages to one node are handled in
+the order sent, so a guest launched after its mates' shrinks never shares a CPU
+with them.
+
+A refused ``JobResized`` (the kernel would not take the mask) leaves the job on
+the CPUs the node reports; those not taken meanwhile by another job are its
+again, and a comment says what happened.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from minibatch.core.job import Allocation, Job, JobState, ResizeEvent, limit_of
+from minibatch.core.resize import limit_rate, new_limit, refusal
+from minibatch.core.snapshot import Plan, Resize, Start
+from minibatch.core.units import format_cpu_list
+from minibatch.protocol.messages import JobResized, ResizeJob
+from minibatch.server.reservations import JobCpus
+
+if TYPE_CHECKING:
+    from minibatch.server.nodes import Node
+    from minibatch.server.state import ServerState
+
+
+def _node(state: ServerState, job: Job) -> Node | None:
+    return state.nodes.nodes.get(job.alloc[0].node) if job.alloc else None
+
+
+def stretched_limit(job: Job, held: int, target: int, now: float) -> float:
+    """The job's time limit after going from ``held`` to ``target`` CPUs."""
+    ppn = job.request.ppn
+    return new_limit(
+        now - (job.start_time or now),
+        limit_of(job),
+        float(job.request.walltime),
+        limit_rate([held], ppn),
+        limit_rate([target], ppn),
+    )
+
+
+def check(state: ServerState, job: Job, target: int) -> str | None:
+    """Why ``job`` may not be resized to ``target`` CPUs now, or None."""
+    if job.state is not JobState.RUNNING:
+        return f"job {job.display_id} is {job.state}, not running"
+    node = _node(state, job)
+    if node is None or len(job.alloc) != 1:
+        return f"job {job.display_id} does not run on one known node"
+    held = len(job.alloc[0].cpus)
+    return refusal(
+        job.id,
+        job.request.malleable,
+        held,
+        target,
+        len(_growth(state, job, node, target)),
+    )
+
+
+def _growth(state: ServerState, job: Job, node: Node, target: int) -> list[int]:
+    """Free CPUs of ``node`` the job may take to reach ``target`` (in order)."""
+    held = len(job.alloc[0].cpus)
+    if target <= held:
+        return []
+    now = state.clock()
+    end = (job.start_time or now) + stretched_limit(job, held, target, now)
+    if not state.reservations.by_name and not job.advres:
+        return node.free_cpus()
+    return JobCpus(state.reservations, job, now, end).cpus(node)
+
+
+def resize(state: ServerState, job: Job, target: int, cause: str) -> str | None:
+    """Resize ``job`` to ``target`` CPUs now (see the module docstring); the
+    reason it is refused (nothing changed), or None."""
+    why = check(state, job, target)
+    if why is not None:
+        return why
+    node = _node(state, job)
+    assert node is not None
+    if target != len(job.alloc[0].cpus):
+        after = _take(state, job, node, target)
+        state.outbox.append((node.route, _commit(state, job, node, after, cause)))
+    return None
+
+
+def _take(state: ServerState, job: Job, node: Node, target: int) -> list[int]:
+    """Change ``node``'s allocation to the job's ``target`` CPUs; the CPU ids."""
+    before = job.alloc[0].cpus
+    if target < len(before):
+        after = sorted(before)[:target]
+        for cpu in set(before) - set(after):
+            if node.used.get(cpu) == job.id:
+                del node.used[cpu]
+        state.freed = True  # the plan's upcoming jobs may fit now
+        return after
+    extra = _growth(state, job, node, target)[: target - len(before)]
+    for cpu in extra:
+        node.used[cpu] = job.id
+    return sorted([*before, *extra])
+
+
+def _commit(
+    state: ServerState, job: Job, node: Node, after: list[int], cause: str
+) -> ResizeJob:
+    """Record the resize as pending; the message that tells the node."""
+    now = state.clock()
+    before = list(job.alloc[0].cpus)
+    job.time_limit = stretched_limit(job, len(before), len(after), now)
+    job.alloc = [Allocation(node.name, after)]
+    pending = ResizeEvent(
+        time=now, node=node.name, before=before, after=after, cause=cause
+    )
+    job.resizing = [*job.resizing, pending]
+    state.store.put_job(job)
+    state.record(job, "resizing", _describe(pending))
+    state.changed()
+    return ResizeJob(job=job.id, cpus=after, time_limit=job.time_limit)
+
+
+def start_guest(state: ServerState, start: Start, shrinks: list[Resize]) -> str | None:
+    """Start a guest on CPUs its mates give up (SD-Policy): every shrink and the
+    start are checked first, and stand or fall together. The mates' ``ResizeJob``
+    messages go out before the guest's ``Launch``, so the node confines the
+    mates before the guest's first instruction."""
+    mates: list[tuple[Job, Node, int]] = []
+    for r in shrinks:
+        mate = state.jobs.get(r.job)
+        if mate is None:
+            return f"mate {r.job} is not running"
+        why = check(state, mate, r.cpus)
+        if why is None and r.cpus >= len(mate.alloc[0].cpus):
+            why = f"mate {r.job} would not shrink (to {r.cpus} CPUs)"
+        if why is not None:
+            return why
+        node = _node(state, mate)
+        assert node is not None
+        mates.append((mate, node, r.cpus))
+    freed = {}
+    for mate, node, target in mates:
+        before = mate.alloc[0].cpus
+        freed[mate.id] = set(before) - set(_take(state, mate, node, target))
+    sent = len(state.outbox)
+    why = state.start(start.job, start.nodes, start.ppn)
+    if why is not None:
+        for mate, node, _ in mates:  # undo: nothing was sent or recorded
+            for cpu in freed[mate.id]:
+                node.used[cpu] = mate.id
+        return why
+    guest = state.jobs[start.job]
+    cause = f"{state.policy.name}: room for job {guest.display_id}"
+    messages = []
+    for mate, node, _ in mates:
+        after = sorted(set(mate.alloc[0].cpus) - freed[mate.id])
+        messages.append((node.route, _commit(state, mate, node, after, cause)))
+    state.outbox[sent:sent] = messages
+    guest.borrowed = {mate.id: len(freed[mate.id]) for mate, _, _ in mates}
+    state.store.put_job(guest)
+    return None
+
+
+def apply_plan(state: ServerState, plan: Plan) -> tuple[list[int], dict[int, str]]:
+    """The plan's resizes and starts, in that order: the ids started, and why
+    each refused decision was refused (by job id)."""
+    started: list[int] = []
+    rejected: dict[int, str] = {}
+    groups: dict[int, list[Resize]] = {}
+    for r in plan.resizes:
+        if r.guest:
+            groups.setdefault(r.guest, []).append(r)
+            continue
+        job = state.jobs.get(r.job)
+        why = (
+            f"job {r.job} is not running"
+            if job is None
+            else resize(state, job, r.cpus, f"{state.policy.name}: plan")
+        )
+        if why is not None:
+            rejected[r.job] = why
+    for start in plan.starts:
+        shrinks = groups.pop(start.job, [])
+        if shrinks:
+            why = start_guest(state, start, shrinks)
+        else:
+            why = state.start(start.job, start.nodes, start.ppn)
+        if why is None:
+            started.append(start.job)
+        else:
+            rejected[start.job] = why
+    for guest in groups:
+        rejected[guest] = "the plan shrinks jobs for a guest it does not start"
+    return started, rejected
+
+
+def resend(state: ServerState, node: Node) -> None:
+    """Send again the pending resizes of jobs on ``node`` (its daemon said hello:
+    it may never have had them). Applying one twice changes nothing."""
+    for jid in sorted(set(node.used.values())):
+        job = state.jobs.get(jid)
+        if job is not None and job.resizing and job.state is JobState.RUNNING:
+            msg = ResizeJob(job=jid, cpus=job.alloc[0].cpus, time_limit=limit_of(job))
+            state.outbox.append((node.route, msg))
+
+
+def acknowledged(state: ServerState, msg: JobResized) -> None:
+    """The node's answer to ``ResizeJob``; a repeat or a late one is a no-op."""
+    job = state.jobs.get(msg.job)
+    if job is None or not job.resizing:
+        return
+    if msg.error:
+        _failed(state, job, msg)
+        return
+    # A newer report stands for the older ones (the node keeps only the last).
+    done = next(
+        (k for k, r in enumerate(job.resizing) if r.after == msg.cpus),
+        len(job.resizing) - 1,
+    )
+    for pending in job.resizing[: done + 1]:
+        event = msgspec.structs.replace(pending, time=msg.time)
+        job.resizes = [*job.resizes, event]
+        state.record(job, "resized", _describe(event))
+    job.resizing = job.resizing[done + 1 :]
+    state.store.put_job(job)
+
+
+def _failed(state: ServerState, job: Job, msg: JobResized) -> None:
+    job.resizing = []
+    node = _node(state, job)
+    if node is None:
+        return
+    now_cpus = set(job.alloc[0].cpus)
+    kept = sorted(c for c in msg.cpus if node.used.get(c, job.id) == job.id)
+    for cpu in now_cpus - set(kept):
+        if node.used.get(cpu) == job.id:
+            del node.used[cpu]
+    for cpu in kept:
+        node.used[cpu] = job.id
+    if kept:
+        job.alloc = [Allocation(node.name, kept)]
+    lost = sorted(set(msg.cpus) - set(kept))
+    job.comment = f"resize refused by node {node.name}: {msg.error}" + (
+        f"; CPUs {format_cpu_list(lost)} now belong to other jobs" if lost else ""
+    )
+    state.store.put_job(job)
+    state.record(job, "resize_failed", job.comment)
+    state.changed()
+
+
+def give_back(state: ServerState, guest: Job) -> None:
+    """A guest ended: each mate still running grows back by what it lent
+    (within its range and what is free), as seed 002's node manager does."""
+    for mate_id, lent in sorted(guest.borrowed.items()):
+        mate = state.jobs.get(mate_id)
+        if mate is None or mate.state is not JobState.RUNNING or not mate.alloc:
+            continue
+        high = (mate.request.malleable or (0, 0))[1]
+        node = _node(state, mate)
+        if node is None:
+            continue
+        held = len(mate.alloc[0].cpus)
+        target = min(high, held + lent)
+        room = len(_growth(state, mate, node, target))
+        target = min(target, held + room)
+        if target > held:
+            resize(state, mate, target, f"job {guest.display_id} ended")
+
+
+def _describe(event: ResizeEvent) -> str:
+    text = (
+        f"{len(event.before)}->{len(event.after)} CPUs: "
+        f"{format_cpu_list(event.before)} -> {format_cpu_list(event.after)}"
+    )
+    return f"{text} ({event.cause})" if event.cause else text
