@@ -64,6 +64,14 @@ PRESETS: dict[str, Preset] = {
         "one traversal (seed 003)",
         "depth=1",
     ),
+    "sd": Preset(
+        "minibatch.policy.sd:SlowdownDriven",
+        "SD-Policy: EASY, and a malleable job that cannot start takes CPUs "
+        "from at most `mates` running malleable jobs when that beats its "
+        "static end; idle CPUs grow malleable jobs (seed 002)",
+        "mates=2, max_slowdown=dynamic|N|inf, sharing_factor=0.5, expand=true, "
+        "candidates=8",
+    ),
 }
 
 

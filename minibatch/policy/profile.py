@@ -273,6 +273,21 @@ class Profile:
                 return chosen
         return None
 
+    def fits_on(self, i: int, shape: Shape, end: float) -> bool:
+        """Whether node ``i`` alone holds one node's share of ``shape`` from now
+        until ``end`` (:meth:`fit_now` for a node chosen by the caller)."""
+        _, ppn, mem, gpus = shape
+        if self.c0[i] < ppn:
+            return False
+        m, g = self.m0[i], self.g0[i]
+        if mem and m is not None and m < mem:
+            return False
+        if gpus and (g is None or g < gpus):
+            return False
+        return not (end > self.first_dip and self.dips[i]) or (
+            self._dip_fails(i, end, shape) < 0
+        )
+
     def fits_at_all_now(self, shape: Shape) -> bool:
         """Whether ``shape`` fits in segment 0 alone (ignoring what comes later)."""
         return self.fit_now(shape, self.now) is not None

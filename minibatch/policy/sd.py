@@ -1,0 +1,404 @@
+"""SD-Policy: slowdown-driven backfill with malleable jobs (seed 002).
+
+D'Amico, Jokanovic, Corbalan, *Holistic Slowdown Driven Scheduling and Resource
+Management for Malleable Jobs*, ICPP 2019. One pass (Listing 1), jobs in
+priority order:
+
+1. **Static first.** A job that fits now starts; the first that does not is
+   reserved (EASY, ``depth`` 1) and later ones backfill around it.
+2. **Malleable start.** A malleable job that cannot start statically may start
+   at once on one node with as few as its minimum CPUs, on CPUs taken from at
+   most ``mates`` running malleable jobs there (Listing 2), if its predicted end
+   beats the static one: ``now + req_time x ppn/cpus`` (Eq. 6; Eq. 5 is the same
+   on one node) ``< static start + req_time``, the static start being its
+   earliest start in the availability profile.
+3. **Mates** are chosen among the running malleable jobs on the node by the
+   penalty of Eq. 4, ``p = (wait + increase + req_time) / req_time`` (wait
+   before its start, increase of its predicted run time over its request after
+   this shrink), under the cut-off ``max_slowdown`` (a number, or ``dynamic``:
+   the mean predicted slowdown of the running jobs, Section 3.2.2). Every set of
+   at most ``mates`` of the ``candidates`` lowest-penalty mates is tried
+   (Section 3.2.4); the set of least total penalty wins (Eq. 1). A mate gives at
+   most ``sharing_factor`` of its CPUs and never goes below its minimum; the
+   guest must end before each mate's (stretched) end, and mates grow back when
+   it ends (the resource manager does that, Listing 3).
+4. **Idle CPUs** (``expand``): after the walk, CPUs nothing waiting could use go
+   to running malleable jobs on their node (highest predicted slowdown first),
+   up to their maximum. CPUs a job holds beyond its request are given back
+   without penalty to any job that needs them to start (also a rigid one),
+   so a job grown into idle CPUs never keeps a waiting job out.
+
+Departures from the paper, and why (docs/policies.md): jobs are malleable on
+one node (CPUs within a node, as DROM does), so constraint 3 is "every mate on
+the guest's node"; a guest may also use CPUs free on its node; predicted
+slowdowns use requested times, as the paper says the scheduler must.
+
+Parameters: ``mates`` (2), ``max_slowdown`` (``dynamic`` or a number; ``inf``
+for no cut-off), ``sharing_factor`` (0.5), ``expand`` (true), ``candidates``
+(8: mates considered per node, lowest penalty first).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from itertools import combinations
+from typing import ClassVar, NamedTuple
+
+import msgspec
+
+from minibatch.core.resize import limit_rate
+from minibatch.core.snapshot import (
+    ClusterSnapshot,
+    PendingView,
+    Plan,
+    Resize,
+    RunningView,
+    Start,
+)
+from minibatch.errors import InvalidArgument
+from minibatch.policy.base import as_bool, as_int
+from minibatch.policy.planning import Pass
+from minibatch.policy.profile import Profile, shape_of
+from minibatch.policy.search import Shape
+
+
+class Mate:
+    """A running malleable job as this pass sees it (its CPUs change in the pass)."""
+
+    __slots__ = ("view", "node", "held", "end", "low", "high", "ppn", "req")
+
+    def __init__(self, view: RunningView, now: float) -> None:
+        self.view = view
+        self.node, self.held = view.nodes[0]
+        self.low, self.high = view.malleable or (self.held, self.held)
+        self.ppn = view.ppn or self.held
+        self.req = view.req_walltime or view.walltime
+        #: Its predicted end (start + time limit, as stretched).
+        self.end = max(view.start_time + view.walltime, now)
+
+    @property
+    def surplus(self) -> int:
+        """CPUs beyond its request: they go to whoever needs them, no penalty."""
+        return max(0, self.held - self.ppn)
+
+    def lendable(self, sharing: float) -> int:
+        """CPUs of its request it may lend: a share, never below its minimum."""
+        base = min(self.held, self.ppn)
+        return max(0, min(math.floor(sharing * base), base - self.low))
+
+    def end_after(self, give: int, now: float, until: float) -> float:
+        """Its predicted end if it gives ``give`` CPUs until ``until`` and then
+        grows back: the work left at the lower rate, the rest at the old one."""
+        before = limit_rate([self.held], self.ppn)
+        during = limit_rate([self.held - give], self.ppn)
+        work = (self.end - now) * before
+        done = (until - now) * during
+        if work <= done:
+            return now + work / during
+        return until + (work - done) / before
+
+    def penalty(self, end: float) -> float:
+        """Eq. 4: its predicted slowdown with its run ending at ``end``."""
+        if self.req <= 0:
+            return math.inf
+        wait = self.view.start_time - self.view.submit_time
+        increase = max(0.0, end - (self.view.start_time + self.req))
+        return (wait + increase + self.req) / self.req
+
+
+class Room(NamedTuple):
+    """A way to start a guest now on one node."""
+
+    #: Eq. 1: the sum of the lending mates' penalties.
+    penalty: float
+    cpus: int
+    node: int
+    #: Idle CPUs of the node it takes.
+    free: int
+    #: (mate, CPUs it gives), in the order they are taken.
+    gives: tuple[tuple[Mate, int], ...]
+    #: Whether it shrinks a mate below its request or runs on fewer CPUs than
+    #: it asked for (then it must beat its static end, Listing 1).
+    malleable: bool
+
+    def better_than(self, other: Room | None) -> bool:
+        if other is None:
+            return True
+        return (self.penalty, -self.cpus, len(self.gives)) < (
+            other.penalty,
+            -other.cpus,
+            len(other.gives),
+        )
+
+
+class SlowdownDriven:
+    """SD-Policy (see the module docstring)."""
+
+    name: ClassVar[str] = "sd"
+
+    def __init__(
+        self,
+        mates: int | str = 2,
+        max_slowdown: float | str = "dynamic",
+        sharing_factor: float | str = 0.5,
+        expand: bool | str = True,
+        candidates: int | str = 8,
+    ) -> None:
+        self.mates = as_int("mates", mates, minimum=1) or 1
+        self.candidates = as_int("candidates", candidates, minimum=1) or 1
+        self.expand = as_bool("expand", expand)
+        self.sharing = _fraction("sharing_factor", sharing_factor)
+        text = str(max_slowdown).strip().lower()
+        self.dynamic = text == "dynamic"
+        if self.dynamic or text in ("inf", "infinite", "none", "unlimited"):
+            self.max_slowdown = math.inf
+        else:
+            try:
+                self.max_slowdown = float(text)
+            except ValueError:
+                raise InvalidArgument(
+                    "parameter max_slowdown: expected a number, 'dynamic' or "
+                    f"'inf', got {max_slowdown!r}"
+                ) from None
+            if not self.max_slowdown >= 1:
+                raise InvalidArgument(
+                    f"parameter max_slowdown: must be >= 1, got {max_slowdown!r}"
+                )
+
+    # ---------------------------------------------------------------- the pass
+
+    def plan(self, snap: ClusterSnapshot) -> Plan:
+        p = Pass(snap)
+        general, now = p.book.general, snap.now
+        by_node: dict[str, list[Mate]] = {}
+        for r in snap.running:
+            if r.malleable is not None and len(r.nodes) == 1:
+                mate = Mate(r, now)
+                by_node.setdefault(mate.node, []).append(mate)
+        cutoff = self._cutoff(snap) if by_node else math.inf
+        resizes: list[Resize] = []
+        ppns: dict[int, int] = {}
+        # Shapes no guest could start with until something starts (cleared then).
+        failed: set[tuple[int, int, int, int, int]] = set()
+        reserved = 0
+        for job in snap.pending:
+            found = p.fit(job)
+            if found is not None:
+                p.start(job, *found)
+                failed.clear()
+                continue
+            if by_node and not job.advres:
+                room = self._room(p, job, by_node, cutoff, failed)
+                if room is not None:
+                    self._start_guest(p, job, room, resizes, ppns)
+                    failed.clear()
+                    continue
+            view = p.book.view_for(job)
+            if view is not None and reserved < 1 and not job.advres:
+                reserved += p.reserve(job, view, "")
+            else:
+                p.reasons[job.id] = p.reason(job)
+        if self.expand and by_node:
+            resizes += self._grow(general, by_node, now)
+        plan = p.plan(order=snap.pending, by_submission=True)
+        starts = [
+            Start(s.job, s.nodes, ppns[s.job]) if s.job in ppns else s
+            for s in plan.starts
+        ]
+        return msgspec.structs.replace(plan, starts=starts, resizes=resizes)
+
+    def _cutoff(self, snap: ClusterSnapshot) -> float:
+        """MAX_SLOWDOWN: the number given, or the running jobs' mean predicted
+        slowdown (requested times: all the scheduler can know)."""
+        if not self.dynamic:
+            return self.max_slowdown
+        values = [
+            (r.start_time - r.submit_time + r.walltime) / req
+            for r in snap.running
+            if (req := r.req_walltime or r.walltime) > 0
+        ]
+        return sum(values) / len(values) if values else math.inf
+
+    # ------------------------------------------------------------ a guest's room
+
+    def _room(
+        self,
+        p: Pass,
+        job: PendingView,
+        by_node: dict[str, list[Mate]],
+        cutoff: float,
+        failed: set[tuple[int, int, int, int, int]],
+    ) -> Room | None:
+        """The best way to start ``job`` now on CPUs mates give (Listing 2)."""
+        req = job.request
+        count, ppn, mem, gpus = shape_of(req)
+        if count != 1:
+            return None
+        low = req.malleable[0] if req.malleable is not None else ppn
+        key = (low, ppn, mem, gpus, req.walltime)
+        if key in failed:
+            return None
+        general = p.book.general
+        best: Room | None = None
+        static_end: float | None = None
+        for i, name in enumerate(general.names):
+            mates = by_node.get(name)
+            if not mates:
+                continue
+            for room in self._rooms(general, i, mates, job, low, cutoff, p.now):
+                if not room.better_than(best):
+                    continue
+                if room.malleable:
+                    # Only if it ends sooner than it would start and end
+                    # statically (Listing 1: static_end > mall_end).
+                    if static_end is None:
+                        static_end = self._static_end(p, job)
+                    if p.now + req.walltime * ppn / room.cpus >= static_end:
+                        continue
+                best = room
+        if best is None:
+            failed.add(key)
+        return best
+
+    def _rooms(
+        self,
+        general: Profile,
+        i: int,
+        mates: list[Mate],
+        job: PendingView,
+        low: int,
+        cutoff: float,
+        now: float,
+    ) -> Iterator[Room]:
+        """Every way to seat ``job`` on node ``i`` that keeps the rules: idle
+        CPUs first, then mates' surplus, then CPUs lent by a set of at most
+        ``mates`` lenders (every set of the ``candidates`` best is tried)."""
+        req = job.request
+        _, ppn, mem, gpus = shape_of(req)
+        free = min(general.c0[i], ppn)
+        base: list[tuple[Mate, int]] = []
+        total = free
+        for m in mates:
+            if total < ppn and m.surplus:
+                give = min(m.surplus, ppn - total)
+                base.append((m, give))
+                total += give
+        sets: list[tuple[Mate, ...]] = [()]
+        if req.malleable is not None and total < ppn:
+            lenders = sorted(
+                (
+                    m
+                    for m in mates
+                    if m.lendable(self.sharing) and self._eligible(m, cutoff)
+                ),
+                key=lambda m: m.penalty(m.end),
+            )[: self.candidates]
+            for size in range(1, self.mates + 1):
+                sets += combinations(lenders, size)
+        for chosen in sets:
+            gives = dict(base)
+            cpus = total
+            for m in chosen:
+                lend = min(m.lendable(self.sharing), ppn - cpus)
+                if lend <= 0:
+                    break  # a smaller set already covers it
+                gives[m] = gives.get(m, 0) + lend
+                cpus += lend
+            else:
+                if cpus < low or not gives:
+                    continue
+                end = now + req.walltime * ppn / cpus
+                shape: Shape = (1, free, mem, gpus)
+                if (free or mem or gpus) and not general.fits_on(i, shape, end):
+                    continue
+                penalty = 0.0
+                for m in chosen:
+                    mate_end = m.end_after(gives[m], now, end)
+                    penalty += m.penalty(mate_end)
+                    # The guest ends inside its mates' allocation (3.2.4).
+                    if mate_end < end:
+                        break
+                else:
+                    yield Room(
+                        penalty,
+                        cpus,
+                        i,
+                        free,
+                        tuple(gives.items()),
+                        bool(chosen) or cpus < ppn,
+                    )
+
+    def _eligible(self, mate: Mate, cutoff: float) -> bool:
+        """Listing 2's filter, on the mate's predicted slowdown now: Eq. 2 (p <
+        MAX_SLOWDOWN) for a number; for ``dynamic``, not above the mean (the
+        text: "jobs exceeding the average slowdown are not considered")."""
+        p = mate.penalty(mate.end)
+        return p <= cutoff if self.dynamic else p < cutoff
+
+    def _static_end(self, p: Pass, job: PendingView) -> float:
+        """When ``job`` would end if it waited for its static start."""
+        book = p.book
+        if not book.general.built:
+            book.build()
+        req = job.request
+        found = book.general.earliest(shape_of(req), req.walltime, p.now)
+        return math.inf if found is None else found[0] + req.walltime
+
+    def _start_guest(
+        self,
+        p: Pass,
+        job: PendingView,
+        room: Room,
+        resizes: list[Resize],
+        ppns: dict[int, int],
+    ) -> None:
+        req = job.request
+        _, _, mem, gpus = shape_of(req)
+        end = p.now + req.walltime * req.ppn / room.cpus
+        general = p.book.general
+        p.book.place(general, [room.node], (1, room.free, mem, gpus), None, end)
+        name = general.names[room.node]
+        p.starts.append(Start(job.id, (name,)))
+        if room.cpus != req.ppn:
+            ppns[job.id] = room.cpus
+        for mate, give in room.gives:
+            mate.end = mate.end_after(give, p.now, end)
+            mate.held -= give
+            resizes.append(Resize(mate.view.id, mate.held, guest=job.id))
+
+    # -------------------------------------------------------------- idle CPUs
+
+    def _grow(
+        self, general: Profile, by_node: dict[str, list[Mate]], now: float
+    ) -> list[Resize]:
+        """Give CPUs nobody waiting can use to running malleable jobs."""
+        out: list[Resize] = []
+        for i, name in enumerate(general.names):
+            free = general.c0[i]
+            mates = by_node.get(name)
+            if not free or not mates:
+                continue
+            for m in sorted(mates, key=lambda m: -m.penalty(m.end)):
+                want = min(free, m.high - m.held)
+                # Only CPUs no reservation claims before the job's end.
+                while want and not general.fits_on(i, (1, want, 0, 0), m.end):
+                    want -= 1
+                if want:
+                    general.add(i, None, m.end, -want, 0, 0)
+                    m.held += want
+                    free -= want
+                    out.append(Resize(m.view.id, m.held))
+        return out
+
+
+def _fraction(name: str, value: object) -> float:
+    try:
+        number = float(str(value))
+    except ValueError:
+        raise InvalidArgument(
+            f"parameter {name}: expected a number, got {value!r}"
+        ) from None
+    if not 0 < number <= 1:
+        raise InvalidArgument(f"parameter {name}: must be in (0, 1], got {value!r}")
+    return number
