@@ -23,12 +23,14 @@ noisy: compare medians and ratios, never single runs.
 from __future__ import annotations
 
 import compileall
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +63,7 @@ def _spec(workdir: str, hold: bool = False) -> JobSpec:
     )
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
@@ -163,20 +165,36 @@ def command_wall_ms(args: list[str], env: dict[str, str], runs: int) -> float:
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def fresh_cluster(
+    layout: list[layouts.NodeLayout],
+) -> Iterator[tuple[Paths, lifecycle.UpReport]]:
+    """A new cluster of ``layout`` in a temporary ``MB_HOME``, stopped on leaving.
+
+    ``MB_HOME`` names it meanwhile, so what this process starts finds it.
+    """
+    paths = Paths(Path(tempfile.mkdtemp(prefix="mb-bench-")))
+    old_home = os.environ.get("MB_HOME")
+    os.environ["MB_HOME"] = str(paths.home)
+    try:
+        yield paths, lifecycle.up(paths, Config(), layout)
+    finally:
+        lifecycle.down(paths)
+        if old_home is None:
+            os.environ.pop("MB_HOME", None)
+        else:
+            os.environ["MB_HOME"] = old_home
+
+
 def run(
     jobs: int = 1000, submits: int = 2000, repeat: int = 3, idle_s: float = 5.0
 ) -> dict[str, Any]:
     """Every measure on a fresh cluster (``idle_s``: how long idle cost is sampled)."""
-    home = Path(tempfile.mkdtemp(prefix="mb-bench-"))
-    paths = Paths(home)
     cpus = layouts.usable_cpus()
     layout = layouts.plan_nodes(len(cpus), 1, cpus, False, None)
-    env = dict(os.environ, MB_HOME=str(home))
-    old_home = os.environ.get("MB_HOME")
-    os.environ["MB_HOME"] = str(home)
-    report = lifecycle.up(paths, Config(), layout)
-    workdir = str(home)
-    try:
+    with fresh_cluster(layout) as (paths, report):
+        env = dict(os.environ, MB_HOME=str(paths.home))
+        workdir = str(paths.home)
         with Client(report.server_endpoint, timeout=60) as client:
             result: dict[str, Any] = {"nodes": len(layout), "cpus": len(cpus)}
             result["submit_per_s"] = round(
@@ -199,7 +217,7 @@ def run(
             }
             lat = start_latencies(client, workdir, 100)
             result["latency_p50_ms"] = round(statistics.median(lat), 2)
-            result["latency_p95_ms"] = round(_percentile(lat, 0.95), 2)
+            result["latency_p95_ms"] = round(percentile(lat, 0.95), 2)
             time.sleep(min(1.0, idle_s))
             result["idle"] = idle_usage(paths, idle_s)
             # As an installed package would be (make does this too): byte-compiled.
@@ -213,12 +231,6 @@ def run(
             result["python_startup_ms"] = round(command_wall_ms(bare, env, 10), 1)
             held: JobList = client.call(QueryJobs())
             _cancel(client, [j.id for j in held.jobs])
-    finally:
-        lifecycle.down(paths)
-        if old_home is None:
-            os.environ.pop("MB_HOME", None)
-        else:
-            os.environ["MB_HOME"] = old_home
     return result
 
 

@@ -175,6 +175,22 @@ def bench_throughput(
         typer.echo(throughput.render(result))
 
 
+@bench_app.command("resize")
+def bench_resize(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+    resizes: Annotated[int, typer.Option(help="Resizes, 1 and 2 CPUs in turn.")] = 200,
+    threads: Annotated[int, typer.Option(help="Threads of the resized job.")] = 64,
+) -> None:
+    """Time from a resize decision to the job's signal, every thread's mask checked."""
+    from minibatch.bench import resize
+
+    with common.reporting("mb bench"):
+        result = resize.run(resizes=resizes, threads=threads)
+        typer.echo(json.dumps(result, indent=2) if as_json else resize.render(result))
+        if result["mismatches"]:
+            common.fail("mb bench", f"{result['mismatches']} threads kept a stale mask")
+
+
 def main() -> None:
     try:
         app()

@@ -150,6 +150,8 @@ class ResizeEvent(msgspec.Struct, frozen=True, kw_only=True):
     after: list[int]
     #: Why: ``qalter by alice``, ``sd: room for job 12``, ``job 12 ended``, ...
     cause: str = ""
+    #: The job's resize number: 1 for its first, 2 for the next...
+    seq: int = 0
 
 
 class Job(msgspec.Struct, kw_only=True):

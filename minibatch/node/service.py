@@ -163,7 +163,7 @@ class NodeDaemon:
             elif isinstance(body, Kill):
                 self.tracker.kill(body.job, body.result)
             elif isinstance(body, ResizeJob):
-                self.tracker.resize(body.job, body.cpus, body.time_limit)
+                self.tracker.resize(body.job, body.cpus, body.time_limit, body.seq)
             else:
                 log.warning("ignoring an unexpected %s", type(body).__name__)
         except Exception:
@@ -257,13 +257,18 @@ class NodeDaemon:
                 return_exceptions=True,
             )
             for (key, (report, errors)), result in zip(batch, results, strict=True):
+                # A newer report of the job may have replaced this one meanwhile:
+                # it is still to be sent.
+                current = self._unacked.get(key)
+                if current is None or current[0] is not report:
+                    continue
                 if result is True:
-                    self._unacked.pop(key, None)
+                    del self._unacked[key]
                 elif isinstance(result, RemoteError):
                     if errors + 1 >= _MAX_REPORT_ERRORS:
                         log.error("dropping %s: %s", report, result)
-                        self._unacked.pop(key, None)
-                    elif key in self._unacked:
+                        del self._unacked[key]
+                    else:
                         self._unacked[key] = (report, errors + 1)
                 elif isinstance(result, BaseException):
                     log.error("sending %s failed: %r", report, result)

@@ -185,13 +185,17 @@ class Tracker:
         log.info("job %s: killing (%s)", run.spec.display_id, result)
         self._terminate(run)
 
-    def resize(self, job: int, cpus: list[int], time_limit: float) -> None:
+    def resize(
+        self, job: int, cpus: list[int], time_limit: float, seq: int = 0
+    ) -> None:
         """Confine the job to ``cpus`` (node ids), tell it, and answer with a
         ``JobResized``; a job not running here is answered with an error."""
         run = self._own.jobs.get(job)
         if run is None or run.status is not None or run.kill_reason is not None:
             why = "the job is not running on this node"
-            self._emit(JobResized(job=job, cpus=[], time=time.time(), error=why))
+            self._emit(
+                JobResized(job=job, cpus=[], time=time.time(), error=why, seq=seq)
+            )
             return
         physical = self.launcher.physical_cpus(cpus)
         try:
@@ -199,7 +203,9 @@ class Tracker:
         except resizer.ResizeRefused as exc:
             log.warning("job %s: resize refused: %s", run.spec.display_id, exc)
             self._emit(
-                JobResized(job=job, cpus=run.cpus, time=time.time(), error=str(exc))
+                JobResized(
+                    job=job, cpus=run.cpus, time=time.time(), error=str(exc), seq=seq
+                )
             )
             return
         now = time.time()
@@ -217,7 +223,7 @@ class Tracker:
             moved,
             len(signalled),
         )
-        self._emit(JobResized(job=job, cpus=list(cpus), time=now))
+        self._emit(JobResized(job=job, cpus=list(cpus), time=now, seq=seq))
 
     @property
     def resize_signal(self) -> int | None:

@@ -311,6 +311,8 @@ class ResizeJob(_Msg, frozen=True, kw_only=True, tag="resize_job"):
     job: int
     cpus: list[int]
     time_limit: float
+    #: The job's resize number (1, 2, ...), echoed by ``JobResized``.
+    seq: int = 0
 
 
 class JobResized(_Msg, frozen=True, kw_only=True, tag="job_resized"):
@@ -322,6 +324,9 @@ class JobResized(_Msg, frozen=True, kw_only=True, tag="job_resized"):
     cpus: list[int]
     time: float
     error: str = ""
+    #: The ``seq`` of the ``ResizeJob`` answered: it and every earlier one of
+    #: the job are applied (the node reports only its latest).
+    seq: int = 0
 
 
 class Kill(_Msg, frozen=True, kw_only=True, tag="kill"):

@@ -123,14 +123,15 @@ def _commit(
     before = list(job.alloc[0].cpus)
     job.time_limit = stretched_limit(job, len(before), len(after), now)
     job.alloc = [Allocation(node.name, after)]
+    seq = len(job.resizes) + len(job.resizing) + 1
     pending = ResizeEvent(
-        time=now, node=node.name, before=before, after=after, cause=cause
+        time=now, node=node.name, before=before, after=after, cause=cause, seq=seq
     )
     job.resizing = [*job.resizing, pending]
     state.store.put_job(job)
     state.record(job, "resizing", _describe(pending))
     state.changed()
-    return ResizeJob(job=job.id, cpus=after, time_limit=job.time_limit)
+    return ResizeJob(job=job.id, cpus=after, time_limit=job.time_limit, seq=seq)
 
 
 def start_guest(state: ServerState, start: Start, shrinks: list[Resize]) -> str | None:
@@ -213,7 +214,12 @@ def resend(state: ServerState, node: Node) -> None:
     for jid in sorted(set(node.used.values())):
         job = state.jobs.get(jid)
         if job is not None and job.resizing and job.state is JobState.RUNNING:
-            msg = ResizeJob(job=jid, cpus=job.alloc[0].cpus, time_limit=limit_of(job))
+            msg = ResizeJob(
+                job=jid,
+                cpus=job.alloc[0].cpus,
+                time_limit=limit_of(job),
+                seq=job.resizing[-1].seq,
+            )
             state.outbox.append((node.route, msg))
 
 
@@ -222,20 +228,18 @@ def acknowledged(state: ServerState, msg: JobResized) -> None:
     job = state.jobs.get(msg.job)
     if job is None or not job.resizing:
         return
-    if msg.error:
-        _failed(state, job, msg)
-        return
-    # A newer report stands for the older ones (the node keeps only the last).
-    done = next(
-        (k for k, r in enumerate(job.resizing) if r.after == msg.cpus),
-        len(job.resizing) - 1,
-    )
-    for pending in job.resizing[: done + 1]:
+    # The node applies resizes in order and reports only its latest: every
+    # earlier one is done (lasting no time we know of), and so is this one
+    # unless it failed.
+    last = msg.seq - 1 if msg.error else msg.seq
+    for pending in [r for r in job.resizing if r.seq <= last]:
         event = msgspec.structs.replace(pending, time=msg.time)
         job.resizes = [*job.resizes, event]
         state.record(job, "resized", _describe(event))
-    job.resizing = job.resizing[done + 1 :]
+    job.resizing = [r for r in job.resizing if r.seq > last]
     state.store.put_job(job)
+    if msg.error:
+        _failed(state, job, msg)
 
 
 def _failed(state: ServerState, job: Job, msg: JobResized) -> None:

@@ -265,6 +265,17 @@ class Cluster:
             raise AssertionError(f"{exc}; last seen: {last}") from None
         return dict(last)
 
+    def wait_resizes(
+        self, job_id: str | int, count: int, timeout: float = 15.0
+    ) -> dict[str, Any]:
+        """The job's record once the node has acknowledged ``count`` resizes."""
+
+        def done() -> dict[str, Any] | None:
+            record = self.job(job_id)
+            return record if len(record["resizes"]) >= count else None
+
+        return wait_for(done, timeout, what=f"{count} resizes of job {job_id}")
+
     def wait_for(
         self,
         predicate: Callable[[], T],

@@ -46,16 +46,6 @@ def thread_masks(c: Cluster, jid: str) -> list[set[int]]:
     return out
 
 
-def resized(c: Cluster, jid: str, count: int) -> dict:
-    """The job's record once the node has acknowledged ``count`` resizes."""
-
-    def done() -> dict | None:
-        record = c.job(jid)
-        return record if len(record["resizes"]) >= count else None
-
-    return c.wait_for(done, what=f"{count} resizes of job {jid}")
-
-
 async def test_qalter_shrinks_and_expands_a_running_job(cluster: ClusterFactory):
     c = await asyncio.to_thread(cluster, nodes=1, cpus_per_node=2)
     both = set(c.layout[0].cpus)
@@ -76,7 +66,7 @@ async def test_qalter_shrinks_and_expands_a_running_job(cluster: ClusterFactory)
             assert all(m == both for m in thread_masks(c, jid))
 
             await sh(c, "qalter", "-l", "ncpus=1", jid)
-            record = await asyncio.to_thread(resized, c, jid, 1)
+            record = await asyncio.to_thread(c.wait_resizes, jid, 1)
             (cpu,) = record["cpus"]
             assert all(m == {cpu} for m in thread_masks(c, jid))
             told = c.work / "told"
@@ -97,7 +87,7 @@ async def test_qalter_shrinks_and_expands_a_running_job(cluster: ClusterFactory)
             assert c.job(jid)["cpus"] == [cpu]
 
             await sh(c, "qalter", "-l", "ncpus=2", jid)
-            record = await asyncio.to_thread(resized, c, jid, 2)
+            record = await asyncio.to_thread(c.wait_resizes, jid, 2)
             assert set(record["cpus"]) == both
             assert all(m == both for m in thread_masks(c, jid))
             checkjob = await sh(c, "checkjob", jid)

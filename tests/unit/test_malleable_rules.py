@@ -123,9 +123,11 @@ def sent(state: ServerState, kind: type) -> list:
     return [m for _, m in state.outbox if isinstance(m, kind)]
 
 
-def ack(state: ServerState, job, when: float = 1005.0, error: str = "") -> None:
+def ack(state: ServerState, job, when: float = 1005.0) -> None:
+    """The node's answer to the job's latest resize."""
+    seq = job.resizing[-1].seq if job.resizing else len(job.resizes)
     malleable.acknowledged(
-        state, JobResized(job=job.id, cpus=job.alloc[0].cpus, time=when, error=error)
+        state, JobResized(job=job.id, cpus=job.alloc[0].cpus, time=when, seq=seq)
     )
 
 
@@ -176,11 +178,26 @@ def test_rigid_pending_and_other_fields_cannot_be_resized(server_state):
     assert "is exiting, not running" in malleable.check(server_state, job, 2)
 
 
+def test_the_latest_answer_stands_for_the_resizes_before_it(server_state):
+    job = running(server_state, 2, (1, 2))
+    for target in (1, 2, 1):
+        server_state.alter(job, None, None, target)
+    assert [r.seq for r in job.resizing] == [1, 2, 3]
+    malleable.acknowledged(
+        server_state, JobResized(job=job.id, cpus=[0], time=7.0, seq=1)
+    )
+    assert [r.seq for r in job.resizes] == [1] and len(job.resizing) == 2
+    ack(server_state, job, when=9.0)  # the node reported only its last
+    assert [(r.seq, r.time) for r in job.resizes] == [(1, 7.0), (2, 9.0), (3, 9.0)]
+    assert not job.resizing and job.alloc[0].cpus == [0]
+
+
 def test_a_refused_mask_leaves_the_job_on_what_the_node_reports(server_state):
     job = running(server_state, 1, (1, 2))
     server_state.alter(job, None, None, 2)
     malleable.acknowledged(
-        server_state, JobResized(job=job.id, cpus=[0], time=1.0, error="EINVAL")
+        server_state,
+        JobResized(job=job.id, cpus=[0], time=1.0, error="EINVAL", seq=1),
     )
     assert job.alloc[0].cpus == [0] and not job.resizing
     assert "resize refused by node n0: EINVAL" in job.comment
