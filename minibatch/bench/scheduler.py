@@ -13,8 +13,13 @@ wall time of one ``plan()`` call is ``pass_ms_median``.
 free: CPUs stay free, running jobs hold all the memory, every queued job asks
 for a different amount, so every job is tried on every node.
 
+``--malleable F`` makes that share of the one-node jobs (running and queued)
+malleable down to half their CPUs: the case SD-Policy (``sd``) works on, where
+every queued job that does not fit is offered the running jobs as mates.
+
 Targets (docs/benchmarks.md, "Scheduler pass"): 10,000 pending jobs on 128 x 32
-CPUs in under 50 ms for ``easy`` and under 1 s for ``conservative``.
+CPUs in under 50 ms for ``easy``, under 1 s for ``conservative`` and under
+100 ms for ``sd`` with malleable jobs.
 """
 
 from __future__ import annotations
@@ -36,7 +41,12 @@ GB = 1024 * 1024  # KB
 
 
 def snapshot(
-    pending: int, nodes: int = 128, cpus: int = 32, seed: int = 1, stuck: bool = False
+    pending: int,
+    nodes: int = 128,
+    cpus: int = 32,
+    seed: int = 1,
+    stuck: bool = False,
+    malleable: float = 0.0,
 ) -> ClusterSnapshot:
     """The benchmark's cluster: full of running jobs, ``pending`` jobs queued.
 
@@ -73,6 +83,10 @@ def snapshot(
                     mem_kb_per_node=per,
                     start_time=start,
                     walltime=now - start + left,
+                    malleable=_range(rng, size, malleable),
+                    ppn=size,
+                    submit_time=start - rng.uniform(0, 3600),
+                    req_walltime=now - start + left,
                 )
             )
             free[name] -= size
@@ -109,6 +123,7 @@ def snapshot(
                     )
                     * procs,
                     walltime=wall,
+                    malleable=_range(rng, ppn, malleable) if count == 1 else None,
                 ),
                 submit_time=now - pending + k,
             )
@@ -116,6 +131,11 @@ def snapshot(
     return ClusterSnapshot(
         now=now, generation=1, nodes=views, running=tuple(running), pending=queue
     )
+
+
+def _range(rng: random.Random, cpus: int, share: float) -> tuple[int, int] | None:
+    """Down to half its CPUs, for ``share`` of the jobs."""
+    return ((cpus + 1) // 2, cpus) if rng.random() < share else None
 
 
 def run(
@@ -126,11 +146,14 @@ def run(
     repeat: int = 5,
     seed: int = 1,
     mode: str = "busy",
+    malleable: float = 0.0,
 ) -> dict[str, Any]:
     """Time ``repeat`` passes of ``policy`` on the benchmark snapshot."""
     from minibatch.policy import registry
 
-    snap = snapshot(pending, nodes, cpus, seed, stuck=mode == "stuck")
+    snap = snapshot(
+        pending, nodes, cpus, seed, stuck=mode == "stuck", malleable=malleable
+    )
     pol = registry.load(policy)
     walls: list[float] = []
     plan = None
@@ -148,11 +171,13 @@ def run(
         "free_cpus": sum(n.free_cpus for n in snap.nodes),
         "seed": seed,
         "mode": mode,
+        "malleable": malleable,
         "repeat": len(walls),
         "pass_ms_median": statistics.median(walls),
         "pass_ms_min": min(walls),
         "passes_ms": walls,
         "starts": len(plan.starts),
+        "resizes": len(plan.resizes),
         "predicted": len(plan.predicted),
         "python": platform.python_version(),
     }
@@ -172,7 +197,9 @@ def render(result: dict[str, Any]) -> str:
         ["pending jobs", number(result["pending"])],
         ["one pass, median (ms)", number(result["pass_ms_median"])],
         ["one pass, fastest (ms)", number(result["pass_ms_min"])],
+        ["malleable share", number(result["malleable"])],
         ["jobs started", number(result["starts"])],
+        ["resizes", number(result["resizes"])],
         ["starts predicted", number(result["predicted"])],
     ]
     return grid(["mb bench scheduler", ""], rows)
@@ -197,6 +224,10 @@ def bench_scheduler(
             help="busy: a full cluster; stuck: CPUs free but no memory (worst case)."
         ),
     ] = "busy",
+    malleable: Annotated[
+        float,
+        typer.Option(help="Share of one-node jobs that are malleable (0-1)."),
+    ] = 0.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Wall time of one scheduling pass with many pending jobs."""
@@ -208,7 +239,11 @@ def bench_scheduler(
             raise InvalidArgument("--pending >= 0, --nodes and --cpus-per-node >= 1")
         if mode not in ("busy", "stuck"):
             raise InvalidArgument(f"--mode must be busy or stuck, not {mode!r}")
-        result = run(pending, policy, nodes, cpus_per_node, repeat, seed, mode)
+        if not 0 <= malleable <= 1:
+            raise InvalidArgument("--malleable is a share between 0 and 1")
+        result = run(
+            pending, policy, nodes, cpus_per_node, repeat, seed, mode, malleable
+        )
         if as_json:
             typer.echo(json.dumps(result, indent=2))
             return

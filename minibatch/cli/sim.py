@@ -3,7 +3,8 @@
 
     mb sim TRACE --policy easy [--param k=v] [--procs N | --nodes N --cpus-per-node C]
            [--mem 96gb] [--limit N] [--estimates trace|exact] [--kill-at-walltime]
-           [--downtime START,LENGTH[,CPUS]] --out DIR
+           [--downtime START,LENGTH[,CPUS]] [--malleable none|all|FRACTION]
+           [--malleable-range MIN,MAX] [--runtime-model ideal|worst] --out DIR
     mb compare TRACE --policies fifo,easy [...] [--out DIR]
     mb compare TRACE --live-vs-sim --policy easy      (TRACE from ``mb acct --swf``)
     mb experiment NAME [--out DIR] | --list
@@ -69,6 +70,29 @@ KillOpt = Annotated[
     bool,
     typer.Option("--kill-at-walltime", help="End jobs at their requested time."),
 ]
+MalleableOpt = Annotated[
+    str,
+    typer.Option(
+        "--malleable",
+        help="Which jobs are malleable: none, all or a fraction (chosen by job "
+        "id, the same in every run).",
+    ),
+]
+MalleableRangeOpt = Annotated[
+    str,
+    typer.Option(
+        "--malleable-range",
+        help="MIN,MAX: a malleable job's fewest and most CPUs as shares of its "
+        "request.",
+    ),
+]
+RuntimeModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--runtime-model",
+        help="How a resized job's run time stretches: ideal (Eq. 5) or worst (Eq. 6).",
+    ),
+]
 DowntimeOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -115,14 +139,20 @@ def build_config(
     estimates: str,
     kill_at_walltime: bool,
     downtimes: list[str] | None = None,
+    malleable: str = "none",
+    malleable_range: str = "0.5,1",
+    runtime_model: str = "ideal",
 ) -> SimConfig:
     """A :class:`~minibatch.sim.runner.SimConfig` from command-line values."""
+    from minibatch.core.resize import RuntimeModel
     from minibatch.sim import downtime
+    from minibatch.sim.malleable import parse_fraction, parse_range
     from minibatch.sim.runner import MachineSpec, SimConfig
     from minibatch.sim.swf import Estimates, MemoryUnit
 
     try:
         est, unit = Estimates(estimates), MemoryUnit(mem_unit)
+        model = RuntimeModel(runtime_model)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from exc
     if limit is not None and limit < 1:
@@ -137,6 +167,9 @@ def build_config(
         kill_at_walltime=kill_at_walltime,
         mem_unit=unit,
         downtimes=tuple(downtime.parse(d) for d in downtimes or ()),
+        malleable=parse_fraction(malleable),
+        malleable_range=parse_range(malleable_range),
+        runtime_model=model,
     )
 
 
@@ -190,6 +223,9 @@ def sim_command(
     estimates: EstimatesOpt = "trace",
     kill_at_walltime: KillOpt = False,
     downtime: DowntimeOpt = None,
+    malleable: MalleableOpt = "none",
+    malleable_range: MalleableRangeOpt = "0.5,1",
+    runtime_model: RuntimeModelOpt = "ideal",
     progress: Annotated[
         bool | None,
         typer.Option("--progress/--no-progress", help="Progress bar on stderr."),
@@ -206,6 +242,7 @@ def sim_command(
         config = build_config(
             trace, policy, param, procs, nodes, cpus_per_node, mem, machines,
             mem_unit, limit, estimates, kill_at_walltime, downtime,
+            malleable, malleable_range, runtime_model,
         )  # fmt: skip
         work = runner.load(config)
         show = _want_progress(progress) and len(work.jobs) >= 10_000
@@ -248,6 +285,9 @@ def compare_command(
     estimates: EstimatesOpt = "trace",
     kill_at_walltime: KillOpt = False,
     downtime: DowntimeOpt = None,
+    malleable: MalleableOpt = "none",
+    malleable_range: MalleableRangeOpt = "0.5,1",
+    runtime_model: RuntimeModelOpt = "ideal",
     out: Annotated[
         str | None,
         typer.Option(
@@ -269,6 +309,7 @@ def compare_command(
         config = build_config(
             trace, policy, param, procs, nodes, cpus_per_node, mem, machines,
             mem_unit, limit, estimates, kill_at_walltime, downtime,
+            malleable, malleable_range, runtime_model,
         )  # fmt: skip
         if live_vs_sim:
             result = comparing.live_vs_sim(config)

@@ -120,3 +120,9 @@ def new_limit(
     time it had left stretched by the model, never under ``asked``."""
     left = max(0.0, limit - elapsed)
     return max(asked, elapsed + stretch(left, before, after))
+
+
+def give_back_target(held: int, lent: int, high: int, free: int) -> int:
+    """A mate's CPUs when its guest ends: what it lent back, within its maximum
+    and the CPUs free on its node (seed 002, Listing 3: ``expand_job(owner)``)."""
+    return max(held, min(high, held + lent, held + free))

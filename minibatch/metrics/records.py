@@ -39,6 +39,10 @@ CSV_COLUMNS: tuple[str, ...] = (
     "mem_kb",
     "nodes",
     "trace_start",
+    "static_run",
+    "cpu_s",
+    "resizes",
+    "guest",
 )
 
 
@@ -61,6 +65,13 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     predicted_start: float | None = None
     #: The start recorded in the trace (submit + wait), where it has one.
     trace_start: float | None = None
+    #: Malleable jobs: the run time on the CPUs it asked for (what slowdown
+    #: divides by, as seed 002 does), the CPU-seconds it held, how often its
+    #: CPUs changed and whether it started on CPUs other jobs lent it.
+    static_run: float | None = None
+    cpu_s: float | None = None
+    resizes: int = 0
+    guest: bool = False
 
     @property
     def wait(self) -> float:
@@ -69,6 +80,16 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def run_time(self) -> float:
         return self.end - self.start
+
+    @property
+    def static_run_time(self) -> float:
+        """The run time it would have had on its requested CPUs."""
+        return self.run_time if self.static_run is None else self.static_run
+
+    @property
+    def cpu_seconds(self) -> float:
+        """Processor-seconds it held (its allocation integrated over its run)."""
+        return self.procs * self.run_time if self.cpu_s is None else self.cpu_s
 
     @property
     def response(self) -> float:
@@ -95,6 +116,10 @@ def from_outcomes(outcomes: Iterable[Outcome]) -> list[JobRecord]:
                 nodes=o.nodes,
                 predicted_start=o.predicted,
                 trace_start=job.submit + job.wait if job.wait >= 0 else None,
+                static_run=job.run_time if o.cpu_s is not None else None,
+                cpu_s=o.cpu_s,
+                resizes=o.resizes,
+                guest=o.guest,
             )
         )
     return records
@@ -167,6 +192,10 @@ def write_csv(
                     "" if r.mem_kb is None else r.mem_kb,
                     "+".join(r.nodes),
                     format_number(r.trace_start),
+                    format_number(r.static_run),
+                    format_number(r.cpu_s),
+                    r.resizes,
+                    int(r.guest),
                 )
             )
 
@@ -206,6 +235,10 @@ def read_csv(path: str | Path) -> list[JobRecord]:
                     nodes=tuple(nodes.split("+")) if nodes else (),
                     predicted_start=_optional(row.get("predicted_start")),
                     trace_start=_optional(row.get("trace_start")),
+                    static_run=_optional(row.get("static_run")),
+                    cpu_s=_optional(row.get("cpu_s")),
+                    resizes=int(row.get("resizes") or 0),
+                    guest=row.get("guest") == "1",
                 )
             )
     return records

@@ -4,9 +4,12 @@ Definitions (``docs/simulator.md`` has the same list):
 
 * wait = start - submit; response = end - submit; run = end - start;
 * slowdown = response / run, with run floored at 1 s (live jobs can end at once);
+  a malleable job's run is its *static* run time, on the CPUs it asked for
+  (seed 002's definition), so a job slowed by a shrink counts as slowed;
 * bounded slowdown = max(1, response / max(run, tau)), tau = 10 s (Feitelson);
 * makespan = last end - first submit;
-* utilization = sum(procs x run) / (machine procs x makespan);
+* utilization = sum(procs x run) / (machine procs x makespan) (a malleable
+  job's procs x run is the CPU-seconds it held);
 * throughput = jobs / makespan (reported per hour).
 
 Seed 001 warns that means over skewed distributions mislead, so every per-job
@@ -63,11 +66,11 @@ def describe(values: Iterable[float]) -> Stats:
 
 
 def slowdown(r: JobRecord) -> float:
-    return r.response / max(r.run_time, 1.0)
+    return r.response / max(r.static_run_time, 1.0)
 
 
 def bounded_slowdown(r: JobRecord, tau: float = TAU) -> float:
-    return max(1.0, r.response / max(r.run_time, tau))
+    return max(1.0, r.response / max(r.static_run_time, tau))
 
 
 #: Per-job metrics by name, each a function of one record.
@@ -90,7 +93,7 @@ def utilization(records: Sequence[JobRecord], capacity: int) -> float:
     span = makespan(records)
     if span <= 0 or capacity <= 0:
         return math.nan
-    used = math.fsum(r.procs * r.run_time for r in records)
+    used = math.fsum(r.cpu_seconds for r in records)
     return used / (capacity * span)
 
 
@@ -113,6 +116,11 @@ def summarize(records: Sequence[JobRecord], capacity: int | None) -> dict[str, A
     )
     out["makespan_s"] = span
     out["throughput_jobs_per_h"] = len(records) / span * 3600 if span > 0 else math.nan
+    if any(r.static_run is not None for r in records):
+        out["malleable_jobs"] = sum(r.static_run is not None for r in records)
+        out["guest_jobs"] = sum(r.guest for r in records)
+        out["resized_jobs"] = sum(r.resizes > 0 for r in records)
+        out["guest_pct"] = 100.0 * out["guest_jobs"] / len(records)
     return out
 
 

@@ -26,6 +26,9 @@ RUN_ROWS: tuple[tuple[str, str], ...] = (
     ("median_wt_u_cpu_s", "WT_u median over users (CPU s)"),
     ("total_wt_cpu_s", "WT total (CPU s)"),
     ("mean_abs_prediction_error_s", "|predicted - real start| mean (s)"),
+    ("malleable_jobs", "malleable jobs"),
+    ("guest_pct", "jobs started on lent CPUs (%)"),
+    ("resized_jobs", "jobs resized while running"),
     ("wall_s", "simulation wall time (s)"),
     ("jobs_per_s", "simulated jobs/s"),
 )

@@ -41,7 +41,7 @@ for no cut-off), ``sharing_factor`` (0.5), ``expand`` (true), ``candidates``
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 from itertools import combinations
 from typing import ClassVar, NamedTuple
 
@@ -118,9 +118,6 @@ class Room(NamedTuple):
     free: int
     #: (mate, CPUs it gives), in the order they are taken.
     gives: tuple[tuple[Mate, int], ...]
-    #: Whether it shrinks a mate below its request or runs on fewer CPUs than
-    #: it asked for (then it must beat its static end, Listing 1).
-    malleable: bool
 
     def better_than(self, other: Room | None) -> bool:
         if other is None:
@@ -130,6 +127,75 @@ class Room(NamedTuple):
             -other.cpus,
             len(other.gives),
         )
+
+
+class Seat:
+    """A node's running malleable jobs as lenders, for this pass."""
+
+    __slots__ = ("mates", "surplus", "lenders", "lendable", "penalty", "room", "least")
+
+    def __init__(
+        self,
+        mates: list[Mate],
+        sharing: float,
+        eligible: Callable[[Mate], bool],
+        candidates: int,
+        size: int,
+    ) -> None:
+        self.mates = mates
+        self.surplus = sum(m.surplus for m in mates)
+        #: Each mate's penalty before any shrink (Listing 2's filter and sort).
+        self.penalty = {m: m.penalty(m.end) for m in mates}
+        self.lendable = {m: m.lendable(sharing) for m in mates}
+        ranked = [m for m in mates if self.lendable[m] and eligible(m)]
+        ranked.sort(key=self.penalty.__getitem__)
+        self.lenders = ranked[:candidates]
+        #: The most CPUs ``size`` lenders can give, and the least penalty one
+        #: of them has.
+        most = sorted((self.lendable[m] for m in self.lenders), reverse=True)
+        self.room = sum(most[:size])
+        self.least = self.penalty[ranked[0]] if ranked else math.inf
+
+
+class Seats:
+    """The seats of every node with running malleable jobs, made when first
+    needed and made again after a node's mates change."""
+
+    def __init__(
+        self,
+        by_node: dict[str, list[Mate]],
+        make: Callable[[list[Mate]], Seat],
+    ) -> None:
+        self.by_node, self.make = by_node, make
+        self._seats: dict[str, Seat] = {}
+
+    def of(self, name: str) -> Seat | None:
+        seat = self._seats.get(name)
+        if seat is None and name in self.by_node:
+            seat = self._seats[name] = self.make(self.by_node[name])
+        return seat
+
+    def changed(self, name: str) -> None:
+        self._seats.pop(name, None)
+
+    def nodes_for(
+        self, general: Profile, low: int, ppn: int, mem: int, lend: bool
+    ) -> list[int]:
+        """The nodes where a guest of at least ``low`` CPUs (and ``mem``) could
+        possibly sit, lending or not."""
+        out = []
+        for i, name in enumerate(general.names):
+            if name not in self.by_node:
+                continue
+            m = general.m0[i]
+            if mem and m is not None and m < mem:
+                continue
+            seat = self.of(name)
+            assert seat is not None
+            most = min(general.c0[i], ppn) + seat.surplus + (seat.room if lend else 0)
+            if most >= low:
+                out.append(i)
+        return out
 
 
 class SlowdownDriven:
@@ -144,8 +210,10 @@ class SlowdownDriven:
         sharing_factor: float | str = 0.5,
         expand: bool | str = True,
         candidates: int | str = 8,
+        tries: int | str = 100,
     ) -> None:
         self.mates = as_int("mates", mates, minimum=1) or 1
+        self.tries = as_int("tries", tries, minimum=0) or 0
         self.candidates = as_int("candidates", candidates, minimum=1) or 1
         self.expand = as_bool("expand", expand)
         self.sharing = _fraction("sharing_factor", sharing_factor)
@@ -177,30 +245,57 @@ class SlowdownDriven:
                 mate = Mate(r, now)
                 by_node.setdefault(mate.node, []).append(mate)
         cutoff = self._cutoff(snap) if by_node else math.inf
+        seats = Seats(
+            by_node,
+            lambda mates: Seat(
+                mates,
+                self.sharing,
+                lambda m: self._eligible(m, cutoff),
+                self.candidates,
+                self.mates,
+            ),
+        )
+        tries = self.tries
         resizes: list[Resize] = []
         ppns: dict[int, int] = {}
         # Shapes no guest could start with until something starts (cleared then).
         failed: set[tuple[int, int, int, int, int]] = set()
         reserved = 0
+        #: Malleable jobs started statically now, and their node.
+        fresh: list[tuple[PendingView, int]] = []
+        #: Why a job of a shape waits, until something starts or is reserved.
+        said: dict[tuple[int, Shape], str] = {}
         for job in snap.pending:
             found = p.fit(job)
             if found is not None:
                 p.start(job, *found)
                 failed.clear()
+                said.clear()
+                if job.request.malleable is not None and found[0] is general:
+                    fresh.append((job, found[1][0]))
                 continue
-            if by_node and not job.advres:
-                room = self._room(p, job, by_node, cutoff, failed)
+            if by_node and not job.advres and tries > 0:
+                tries -= 1
+                room = self._room(p, job, seats, failed)
                 if room is not None:
                     self._start_guest(p, job, room, resizes, ppns)
+                    seats.changed(general.names[room.node])
                     failed.clear()
+                    said.clear()
                     continue
             view = p.book.view_for(job)
             if view is not None and reserved < 1 and not job.advres:
                 reserved += p.reserve(job, view, "")
+                said.clear()
             else:
-                p.reasons[job.id] = p.reason(job)
-        if self.expand and by_node:
+                shape = (id(view), shape_of(job.request))
+                text = said.get(shape)
+                if text is None:
+                    text = said[shape] = p.reason(job)
+                p.reasons[job.id] = text
+        if self.expand:
             resizes += self._grow(general, by_node, now)
+            self._grow_fresh(general, fresh, ppns, now)
         plan = p.plan(order=snap.pending, by_submission=True)
         starts = [
             Start(s.job, s.nodes, ppns[s.job]) if s.job in ppns else s
@@ -226,8 +321,7 @@ class SlowdownDriven:
         self,
         p: Pass,
         job: PendingView,
-        by_node: dict[str, list[Mate]],
-        cutoff: float,
+        seats: Seats,
         failed: set[tuple[int, int, int, int, int]],
     ) -> Room | None:
         """The best way to start ``job`` now on CPUs mates give (Listing 2)."""
@@ -239,95 +333,112 @@ class SlowdownDriven:
         key = (low, ppn, mem, gpus, req.walltime)
         if key in failed:
             return None
-        general = p.book.general
+        general, now = p.book.general, p.now
+        lend = req.malleable is not None
+        nodes = seats.nodes_for(general, low, ppn, mem, lend)
+        if not nodes:
+            failed.add(key)
+            return None
+        # Listing 1 (static_end > mall_end) as the fewest CPUs worth running
+        # on: the static end is when it would end if it waited.
+        need = low
+        if lend:
+            wait_end = self._static_end(p, job) - now
+            if wait_end <= req.walltime:
+                need = ppn  # it would not wait long enough for any shrinking
+            else:
+                need = max(low, math.floor(req.walltime * ppn / wait_end) + 1)
+        # Rooms without lenders first (no penalty); then the nodes of the
+        # ``candidates`` lowest-penalty lenders of all (Section 3.2.4: "the
+        # first nm mates, with lower p"), each with those of its lenders.
         best: Room | None = None
-        static_end: float | None = None
-        for i, name in enumerate(general.names):
-            mates = by_node.get(name)
-            if not mates:
-                continue
-            for room in self._rooms(general, i, mates, job, low, cutoff, p.now):
-                if not room.better_than(best):
-                    continue
-                if room.malleable:
-                    # Only if it ends sooner than it would start and end
-                    # statically (Listing 1: static_end > mall_end).
-                    if static_end is None:
-                        static_end = self._static_end(p, job)
-                    if p.now + req.walltime * ppn / room.cpus >= static_end:
-                        continue
-                best = room
+        lenders: list[tuple[float, int, Mate]] = []
+        for i in nodes:
+            seat = seats.of(general.names[i])
+            assert seat is not None
+            if min(general.c0[i], ppn) + seat.surplus >= need:
+                best = self._best_on(general, i, (), seat.mates, job, need, now, best)
+            elif lend:
+                lenders += [(seat.penalty[m], i, m) for m in seat.lenders]
+        if best is None and lenders:
+            lenders.sort(key=lambda x: (x[0], x[1]))
+            chosen: dict[int, list[Mate]] = {}
+            for _, i, m in lenders[: self.candidates]:
+                chosen.setdefault(i, []).append(m)
+            for i, mine in chosen.items():
+                seat = seats.of(general.names[i])
+                assert seat is not None
+                best = self._best_on(
+                    general, i, tuple(mine), seat.mates, job, need, now, best, seat
+                )
         if best is None:
             failed.add(key)
         return best
 
-    def _rooms(
+    def _best_on(
         self,
         general: Profile,
         i: int,
+        lenders: tuple[Mate, ...],
         mates: list[Mate],
         job: PendingView,
-        low: int,
-        cutoff: float,
+        need: int,
         now: float,
-    ) -> Iterator[Room]:
-        """Every way to seat ``job`` on node ``i`` that keeps the rules: idle
-        CPUs first, then mates' surplus, then CPUs lent by a set of at most
-        ``mates`` lenders (every set of the ``candidates`` best is tried)."""
+        best: Room | None,
+        seat: Seat | None = None,
+    ) -> Room | None:
+        """The best room on node ``i``, or ``best`` if none beats it: idle CPUs
+        first, then mates' surplus, then CPUs lent by a set of at most
+        ``mates`` of ``lenders`` (``seat`` has their penalties and shares)."""
         req = job.request
         _, ppn, mem, gpus = shape_of(req)
         free = min(general.c0[i], ppn)
-        base: list[tuple[Mate, int]] = []
+        base: dict[Mate, int] = {}
         total = free
         for m in mates:
             if total < ppn and m.surplus:
-                give = min(m.surplus, ppn - total)
-                base.append((m, give))
-                total += give
+                base[m] = min(m.surplus, ppn - total)
+                total += base[m]
         sets: list[tuple[Mate, ...]] = [()]
-        if req.malleable is not None and total < ppn:
-            lenders = sorted(
-                (
-                    m
-                    for m in mates
-                    if m.lendable(self.sharing) and self._eligible(m, cutoff)
-                ),
-                key=lambda m: m.penalty(m.end),
-            )[: self.candidates]
+        if seat is not None and total < ppn:
             for size in range(1, self.mates + 1):
                 sets += combinations(lenders, size)
         for chosen in sets:
             gives = dict(base)
             cpus = total
-            for m in chosen:
-                lend = min(m.lendable(self.sharing), ppn - cpus)
-                if lend <= 0:
-                    break  # a smaller set already covers it
-                gives[m] = gives.get(m, 0) + lend
-                cpus += lend
-            else:
-                if cpus < low or not gives:
+            if chosen:
+                assert seat is not None
+                # Penalties only grow with a shrink: a set whose mates'
+                # penalties before it already exceed the best cannot beat it.
+                if best is not None and (
+                    sum(seat.penalty[m] for m in chosen) > best.penalty
+                ):
                     continue
-                end = now + req.walltime * ppn / cpus
+                for m in chosen:
+                    gives[m] = gives.get(m, 0) + min(seat.lendable[m], ppn - cpus)
+                    cpus += seat.lendable[m]
+                cpus = min(cpus, ppn)
+                if any(gives[m] <= base.get(m, 0) for m in chosen):
+                    continue  # a smaller set already covers it
+            if cpus < (need if cpus < ppn or chosen else ppn) or not gives:
+                continue
+            end = now + req.walltime * ppn / cpus
+            penalty = 0.0
+            for m in chosen:
+                mate_end = m.end_after(gives[m], now, end)
+                penalty += m.penalty(mate_end)
+                # The guest ends inside its mates' allocation (3.2.4).
+                if mate_end < end:
+                    break
+            else:
+                room = Room(penalty, cpus, i, free, tuple(gives.items()))
+                if not room.better_than(best):
+                    continue
                 shape: Shape = (1, free, mem, gpus)
                 if (free or mem or gpus) and not general.fits_on(i, shape, end):
                     continue
-                penalty = 0.0
-                for m in chosen:
-                    mate_end = m.end_after(gives[m], now, end)
-                    penalty += m.penalty(mate_end)
-                    # The guest ends inside its mates' allocation (3.2.4).
-                    if mate_end < end:
-                        break
-                else:
-                    yield Room(
-                        penalty,
-                        cpus,
-                        i,
-                        free,
-                        tuple(gives.items()),
-                        bool(chosen) or cpus < ppn,
-                    )
+                best = room
+        return best
 
     def _eligible(self, mate: Mate, cutoff: float) -> bool:
         """Listing 2's filter, on the mate's predicted slowdown now: Eq. 2 (p <
@@ -375,21 +486,41 @@ class SlowdownDriven:
         """Give CPUs nobody waiting can use to running malleable jobs."""
         out: list[Resize] = []
         for i, name in enumerate(general.names):
-            free = general.c0[i]
             mates = by_node.get(name)
-            if not free or not mates:
+            if not general.c0[i] or not mates:
                 continue
             for m in sorted(mates, key=lambda m: -m.penalty(m.end)):
-                want = min(free, m.high - m.held)
-                # Only CPUs no reservation claims before the job's end.
-                while want and not general.fits_on(i, (1, want, 0, 0), m.end):
-                    want -= 1
-                if want:
-                    general.add(i, None, m.end, -want, 0, 0)
-                    m.held += want
-                    free -= want
+                more = _idle(general, i, m.high - m.held, m.end)
+                if more:
+                    m.held += more
                     out.append(Resize(m.view.id, m.held))
         return out
+
+    def _grow_fresh(
+        self,
+        general: Profile,
+        fresh: list[tuple[PendingView, int]],
+        ppns: dict[int, int],
+        now: float,
+    ) -> None:
+        """Start malleable jobs on the idle CPUs left, up to their maximum."""
+        for job, i in fresh:
+            req = job.request
+            high = req.malleable[1] if req.malleable is not None else req.ppn
+            more = _idle(general, i, high - req.ppn, now + req.walltime)
+            if more:
+                ppns[job.id] = req.ppn + more
+
+
+def _idle(general: Profile, i: int, want: int, until: float) -> int:
+    """Take up to ``want`` idle CPUs of node ``i`` until ``until``, none that a
+    reservation claims before then; how many were taken."""
+    want = min(want, general.c0[i])
+    while want > 0 and not general.fits_on(i, (1, want, 0, 0), until):
+        want -= 1
+    if want > 0:
+        general.add(i, None, until, -want, 0, 0)
+    return max(0, want)
 
 
 def _fraction(name: str, value: object) -> float:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from minibatch.core.job import Allocation, Job, JobState, ResizeEvent, limit_of
-from minibatch.core.resize import limit_rate, new_limit, refusal
+from minibatch.core.resize import give_back_target, limit_rate, new_limit, refusal
 from minibatch.core.snapshot import Plan, Resize, Start
 from minibatch.core.units import format_cpu_list
 from minibatch.protocol.messages import JobResized, ResizeJob
@@ -277,9 +277,8 @@ def give_back(state: ServerState, guest: Job) -> None:
         if node is None:
             continue
         held = len(mate.alloc[0].cpus)
-        target = min(high, held + lent)
-        room = len(_growth(state, mate, node, target))
-        target = min(target, held + room)
+        room = len(_growth(state, mate, node, min(high, held + lent)))
+        target = give_back_target(held, lent, high, room)
         if target > held:
             resize(state, mate, target, f"job {guest.display_id} ended")
 

@@ -36,16 +36,21 @@ computes them. Other policies pay nothing for it.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Generic, NamedTuple, TypeVar, overload
 
+import msgspec
+
+from minibatch.core.resize import RuntimeModel, refusal
 from minibatch.core.snapshot import (
     ClusterSnapshot,
     FairshareView,
     NodeView,
     PendingView,
     ReservationView,
+    Resize,
     RunningView,
 )
 from minibatch.core.usage import (
@@ -57,16 +62,15 @@ from minibatch.core.usage import (
 )
 from minibatch.policy.base import Policy, mem_per_node
 from minibatch.sim.machine import Machine, NodeSpec
+from minibatch.sim.malleable import Malleability, PlanRejected
 from minibatch.sim.swf import TraceJob
+
+__all__ = ["Outcome", "PlanRejected", "RecordView", "SimStats", "Simulator"]
 
 T = TypeVar("T")
 
 #: Called now and then with (jobs that arrived so far, all jobs).
 Progress = Callable[[int, int], None]
-
-
-class PlanRejected(RuntimeError):
-    """A policy proposed a start the resource manager would refuse: a policy bug."""
 
 
 class _Clock:
@@ -131,6 +135,12 @@ class Outcome(NamedTuple):
     nodes: tuple[str, ...]
     #: The start the policy predicted at the job's submission instant, if any.
     predicted: float | None
+    #: Times its CPUs changed while it ran, and whether it started as a guest
+    #: (on CPUs running malleable jobs lent it, SD-Policy).
+    resizes: int = 0
+    guest: bool = False
+    #: A malleable job's CPU-seconds (its CPUs integrated over its run).
+    cpu_s: float | None = None
 
 
 class SimStats(NamedTuple):
@@ -151,6 +161,8 @@ class Simulator:
         kill_at_walltime: end a job at its requested time if it runs longer.
         progress: optional callback, called every few thousand arrivals.
         reservations: downtimes (reservations without users) on the machine.
+        runtime_model: how a malleable job's run time follows its CPUs
+            (:mod:`minibatch.sim.malleable`).
     """
 
     def __init__(
@@ -162,6 +174,7 @@ class Simulator:
         kill_at_walltime: bool = False,
         progress: Progress | None = None,
         reservations: Sequence[ReservationView] = (),
+        runtime_model: RuntimeModel = RuntimeModel.IDEAL,
     ) -> None:
         if any(r.users for r in reservations):
             raise ValueError("the simulator models downtimes only (no users)")
@@ -172,6 +185,7 @@ class Simulator:
         if len({j.id for j in self.jobs}) != len(self.jobs):
             raise ValueError("job ids in a simulation must be unique")
         self.kill_at_walltime = kill_at_walltime
+        self.runtime_model = runtime_model
         self.progress = progress
         self.stats = SimStats(0, 0, 0)
         self.needs: frozenset[str] = getattr(policy, "needs", frozenset())
@@ -216,6 +230,8 @@ class Simulator:
         started: dict[int, tuple[float, float, tuple[str, ...]]] = {}
         predicted: dict[int, float] = {}
         kill = self.kill_at_walltime
+        mall = Malleability(self.runtime_model, kill, free, running, ends)
+        runs = mall.runs
         progress = self.progress
         next_report = 4096
         arrived = 0
@@ -241,7 +257,14 @@ class Simulator:
                 if jid < 0:
                     active = tuple(r for r in reservations if r.end > now)
                     continue
-                done = running.pop(jid)
+                if runs and jid in runs:
+                    if mall.stale(jid, end):
+                        continue  # a resize moved this job's end
+                    begun, _, names = started[jid]
+                    started[jid] = (begun, end, names)
+                done = running.pop(jid, None)
+                if done is None:
+                    continue  # the end a resize moved, of a job now gone
                 if accounting:
                     if ledger is not None:
                         ledger.end(jid, end)
@@ -255,6 +278,8 @@ class Simulator:
                         if held is not None:
                             free_mem[name] = held + mem
                     dirty.add(name)
+                if runs or mall.borrowed:
+                    mall.ended(jid, now)  # a guest's mates grow back
             # 2. Arrivals, already in (submit, id) order.
             first_new = arrived
             while arrived < total and jobs[arrived].submit <= now:
@@ -271,8 +296,8 @@ class Simulator:
             if progress is not None and arrived >= next_report:
                 progress(arrived, total)
                 next_report += 4096
-            if not queue:
-                continue  # nothing to start or predict: a pass would be a no-op
+            if not queue and not (runs and mall.growable()):
+                continue  # nothing to start, predict or grow: no pass
             # 3. One pass over views of the current state.
             if dirty:
                 for name in dirty:
@@ -299,6 +324,15 @@ class Simulator:
             plan = policy_plan(snap)
             passes += 1
             clock.version += 1  # the snapshot's views are stale from here on
+            guests: dict[int, list[Resize]] = {}
+            if plan.resizes:
+                for resize in plan.resizes:
+                    if resize.guest:
+                        guests.setdefault(resize.guest, []).append(resize)
+                    else:
+                        mall.resize(resize, now)
+                    if resize.job in running:
+                        dirty.add(running[resize.job].nodes[0][0])
             for start in plan.starts:
                 jid = start.job
                 pending = queue.get(jid)
@@ -307,6 +341,20 @@ class Simulator:
                 req = pending.request
                 names = start.nodes
                 mem = mem_per_node(req)
+                shrinks = guests.pop(jid, None)
+                if shrinks:
+                    mall.guest_start(jid, shrinks, now)
+                if start.ppn or req.malleable is not None:
+                    # The resource manager's rule for a start on other CPUs
+                    # than requested; from here on the job holds ``ppn``.
+                    ppn = start.ppn or req.ppn
+                    if ppn != req.ppn:
+                        why = refusal(jid, req.malleable, req.ppn, ppn, ppn)
+                        if why is not None:
+                            raise PlanRejected(why)
+                        # Its time limit stretches as it would live.
+                        wall = math.ceil(req.walltime * req.ppn / min(ppn, req.ppn))
+                        req = msgspec.structs.replace(req, ppn=ppn, walltime=wall)
                 _check_start(jid, names, req.nodes, req.ppn, mem, free, free_mem)
                 if active:
                     span = (now, now + req.walltime)
@@ -321,18 +369,32 @@ class Simulator:
                         if held is not None:
                             free_mem[name] = held - mem
                     dirty.add(name)
+                asked = pending.request
+                run = by_id[jid].run_time
+                if asked.malleable is not None:
+                    end = mall.start(jid, asked, names[0], req.ppn, now, run)
+                    walltime = runs[jid].limit
+                else:
+                    if kill and run > req.walltime:
+                        run = float(req.walltime)
+                    end = now + run
+                    walltime = float(req.walltime)
                 running[jid] = RunningView(
                     id=jid,
                     user=pending.user,
                     nodes=tuple((name, req.ppn) for name in names),
                     mem_kb_per_node=mem,
                     start_time=now,
-                    walltime=req.walltime,
+                    walltime=walltime,
                     gpus_per_node=req.gpus,
                     advres=pending.advres,
                     group=pending.group,
                     account=pending.account,
                     qos=pending.qos,
+                    malleable=asked.malleable,
+                    ppn=asked.ppn,
+                    submit_time=pending.submit_time,
+                    req_walltime=asked.walltime,
                 )
                 if ledger is not None:
                     held_cpus = req.ppn * len(names)
@@ -344,11 +406,12 @@ class Simulator:
                     ledger.start(
                         jid, pending.user, pending.group, pending.account, rate, now
                     )
-                run = by_id[jid].run_time
-                if kill and run > req.walltime:
-                    run = float(req.walltime)
-                heapq.heappush(ends, (now + run, jid))
-                started[jid] = (now, now + run, names)
+                heapq.heappush(ends, (end, jid))
+                started[jid] = (now, end, names)
+            if guests:
+                raise PlanRejected(
+                    f"plan shrinks jobs for guests it does not start: {guests}"
+                )
             if plan.predicted:
                 for k in range(first_new, arrived):
                     jid = jobs[k].id
@@ -363,7 +426,22 @@ class Simulator:
                 f"{len(queue)} job(s) never started (first: {next(iter(queue))}); "
                 "the policy left them waiting on an idle machine"
             )
-        return [Outcome(j, *started[j.id], predicted.get(j.id)) for j in jobs]
+        if guests:
+            raise PlanRejected(
+                f"plan shrinks jobs for guests it does not start: {guests}"
+            )
+        resized, guest_ids, cpu_s = mall.resized, mall.guests, mall.cpu_s
+        return [
+            Outcome(
+                j,
+                *started[j.id],
+                predicted.get(j.id),
+                resized.get(j.id, 0),
+                j.id in guest_ids,
+                cpu_s.get(j.id),
+            )
+            for j in jobs
+        ]
 
 
 def _check_start(

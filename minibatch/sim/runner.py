@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from minibatch.core.resize import RuntimeModel
 from minibatch.core.units import parse_size_kb
 from minibatch.errors import InvalidArgument
 from minibatch.metrics import eet as eet_metrics
@@ -25,6 +26,7 @@ from minibatch.sim import downtime
 from minibatch.sim.downtime import Downtime
 from minibatch.sim.engine import Progress, SimStats, Simulator
 from minibatch.sim.machine import Machine, NodeSpec
+from minibatch.sim.malleable import make_malleable
 from minibatch.sim.swf import (
     Estimates,
     MemoryUnit,
@@ -117,6 +119,11 @@ class SimConfig:
     mem_unit: MemoryUnit = MemoryUnit.KB_PER_PROC
     #: Windows with CPUs reserved for nobody (:mod:`minibatch.sim.downtime`).
     downtimes: tuple[Downtime, ...] = ()
+    #: The share of jobs made malleable, their range as shares of their request,
+    #: and how their run time follows their CPUs (:mod:`minibatch.sim.malleable`).
+    malleable: float = 0.0
+    malleable_range: tuple[float, float] = (0.5, 1.0)
+    runtime_model: RuntimeModel = RuntimeModel.IDEAL
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -128,6 +135,9 @@ class SimConfig:
             "kill_at_walltime": self.kill_at_walltime,
             "mem_unit": self.mem_unit.value,
             "downtimes": [list(d) for d in self.downtimes],
+            "malleable": self.malleable,
+            "malleable_range": list(self.malleable_range),
+            "runtime_model": self.runtime_model.value,
         }
 
 
@@ -156,6 +166,7 @@ def load(config: SimConfig) -> Workload:
     )
     if not jobs:
         raise InvalidArgument(f"no job of {config.trace} passes the filter")
+    jobs = make_malleable(jobs, machine, config.malleable, config.malleable_range)
     return Workload(machine, jobs, len(trace.records), time.perf_counter() - t0, trace)
 
 
@@ -198,6 +209,7 @@ def simulate(
         kill_at_walltime=config.kill_at_walltime,
         progress=progress,
         reservations=downtime.place(list(config.downtimes), work.machine, origin),
+        runtime_model=config.runtime_model,
     )
     t0 = time.perf_counter()
     outcomes = sim.run()
