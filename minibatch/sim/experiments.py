@@ -127,6 +127,14 @@ def _psp(
     return paper_psp.run_psp(out, (1, 2, 3, 4), PSP_PROCS, PSP_LOAD, progress, say)
 
 
+def _sd(
+    out: Path, progress: Progress | None, say: Callable[[str], None]
+) -> tuple[dict[str, Any], str]:
+    from minibatch.sim import paper_sd
+
+    return paper_sd.run_sd(out, progress, say)
+
+
 def _ibb(
     out: Path, progress: Progress | None, say: Callable[[str], None]
 ) -> tuple[dict[str, Any], str]:
@@ -256,6 +264,21 @@ EXPERIMENTS: dict[str, Experiment] = {
             workloads=(),
             policies=(),
             runner=_ibb,
+        ),
+        Experiment(
+            name="sd",
+            title="SD-Policy vs static EASY backfill with malleable jobs (seed 002)",
+            description=(
+                "D'Amico et al. (seed 002, Figures 1-3 and 8): EASY backfilling "
+                "against SD-Policy with MAX_SLOWDOWN dynamic, 10 and unlimited, "
+                "and with the worst-case run-time model, on a Cirne-like "
+                "synthetic workload (inflated and exact requested times, 3 "
+                "seeds) and on the whole SDSC-SP2 log, every job malleable down "
+                "to half its CPUs (minibatch/sim/paper_sd.py)."
+            ),
+            workloads=(),
+            policies=(),
+            runner=_sd,
         ),
     )
 }

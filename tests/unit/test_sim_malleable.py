@@ -15,8 +15,10 @@ from minibatch.errors import InvalidArgument
 from minibatch.policy.backfill import Easy
 from minibatch.policy.sd import SlowdownDriven
 from minibatch.sim.engine import PlanRejected, Simulator
+from minibatch.sim.experiments import describe_all
 from minibatch.sim.machine import Machine
 from minibatch.sim.malleable import make_malleable, parse_fraction, parse_range
+from minibatch.sim.paper_sd import synthetic
 from tests.conftest import trace_job
 
 
@@ -176,3 +178,14 @@ def test_sd_schedules_are_valid_and_complete(specs, mates, expand):
             low, high = req.malleable
             assert took <= o.job.run_time * req.ppn / low + 1e-6
             assert took >= o.job.run_time * req.ppn / high - 1e-6
+
+
+def test_the_synthetic_workload_of_the_sd_experiment():
+    jobs = synthetic(7, jobs=2000)
+    assert jobs == synthetic(7, jobs=2000)
+    assert {j.procs for j in jobs} <= {1, 2, 4, 8, 16, 32, 64}
+    assert all(j.req_time >= j.run_time for j in jobs)
+    offered = sum(j.procs * j.run_time for j in jobs) / (128 * jobs[-1].submit)
+    assert 0.8 < offered < 1.25
+    assert all(j.req_time == j.run_time for j in synthetic(7, 100, exact=True))
+    assert "sd" in describe_all()
