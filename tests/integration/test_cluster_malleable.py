@@ -13,6 +13,7 @@ import psutil
 import pytest
 from conftest import Cluster, ClusterFactory
 from test_cluster_events import Subscriber, sh
+from test_cluster_resilience import kill9
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -117,3 +118,50 @@ async def test_rigid_and_finished_jobs_cannot_be_resized(cluster: ClusterFactory
     gone = c.run("qalter", "-l", "ncpus=2", quick, check=False)
     assert gone.returncode != 0 and "unknown job" in gone.stderr
     assert psutil.pid_exists(c.pids()["server"])
+
+
+# ------------------------------------------------- a daemon killed mid-resize
+
+
+def start_spinner(c: Cluster) -> tuple[str, set[int]]:
+    """A running 2-CPU malleable job with its threads spinning; its CPUs."""
+    jid = c.qsub("-l", "ncpus=2,malleable=1-2", "--", sys.executable, "-c", SPIN)
+    c.wait_state(jid, "running")
+    c.wait_for(lambda: len(thread_masks(c, jid)) >= 3, what="threads")
+    return jid, set(c.layout[0].cpus)
+
+
+def test_server_killed_mid_resize_ends_consistent(cluster: ClusterFactory):
+    c = cluster(nodes=1, cpus_per_node=2, scheduler={"interval": 1.0})
+    jid, both = start_spinner(c)
+    c.run("qalter", "-l", "ncpus=1", jid)  # acknowledged: committed, pending
+    kill9(c.pids()["server"])
+    c.up()
+    # The node's answer (re-sent), or the resize sent again after its hello,
+    # closes the resize; what the server says the job holds is what it runs on.
+    record = c.wait_resizes(jid, 1, timeout=20)
+    assert not record["resizing"] and len(record["cpus"]) == 1
+    assert all(m == set(record["cpus"]) for m in thread_masks(c, jid))
+    assert c.nodes()[c.layout[0].name].free_cpus == sorted(both - set(record["cpus"]))
+    c.run("qdel", jid)
+
+
+def test_node_killed_mid_resize_ends_consistent(cluster: ClusterFactory):
+    c = cluster(nodes=1, cpus_per_node=2, server={"node_timeout": 3.0})
+    jid, both = start_spinner(c)
+    procs = c.job_procs(jid)
+    node = c.layout[0].name
+    c.run("qalter", "-l", "ncpus=1", jid)
+    kill9(c.pids()[f"node-{node}"])
+    record = c.wait_state(jid, "finished", timeout=10)
+    assert record["result"] == "node_fail" and not record["resizing"]
+    assert c.up().started == [f"node-{node}"]
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    assert alive == [] and c.job_procs(jid) == []
+    c.wait_for(lambda: c.nodes()[node].state == "free", what="the node back")
+    assert c.nodes()[node].free_cpus == sorted(both)
+    # It runs a malleable job again.
+    again, _ = start_spinner(c)
+    c.run("qalter", "-l", "ncpus=1", again)
+    assert len(c.wait_resizes(again, 1)["cpus"]) == 1
+    c.run("qdel", again)
