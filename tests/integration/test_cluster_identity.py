@@ -26,6 +26,7 @@ from minibatch.core.job import JobRequest, JobResult, JobSpec
 from minibatch.errors import RemoteError
 from minibatch.net.client import Client
 from minibatch.protocol.messages import (
+    Alter,
     JobControl,
     JobEnded,
     Message,
@@ -47,7 +48,7 @@ def shared_cluster() -> Iterator[Cluster]:
     """A cluster whose home other users can traverse (the node spools there)."""
     home = Path(tempfile.mkdtemp(prefix="mb-id-", dir="/tmp"))
     home.chmod(0o755)
-    c = Cluster(home, plan_nodes(1, 1, usable_cpus()[:1], False, None), True)
+    c = Cluster(home, plan_nodes(1, 2, usable_cpus()[:2], False, None), True)
     c.work.chmod(0o777)
     try:
         c.up()
@@ -146,3 +147,34 @@ def test_other_users_may_not_touch_a_job_or_act_as_a_daemon(
     assert kind == "ok", reply
     c.run("qdel", reply["display"])
     assert c.wait_state(reply["display"], "cancelled")["user"] == "nobody"
+
+
+def test_a_user_resizes_their_own_malleable_job_and_no_one_elses(
+    shared_cluster: Cluster,
+) -> None:
+    c = shared_cluster
+    theirs = c.qsub("-l", "ncpus=2,malleable=1-2", "--", "sleep", "30")  # root's
+    c.wait_state(theirs, "running")
+    kind, value = as_nobody(c.endpoint, Alter(selector=theirs, ncpus=1))
+    assert (kind, value[0]) == ("error", 7), value  # ErrorCode.PERMISSION
+    c.run("qdel", theirs)
+    c.wait_state(theirs, "cancelled")
+
+    spec = JobSpec(
+        name="flex",
+        workdir=str(c.work),
+        request=JobRequest(ppn=2, walltime=60, malleable=(1, 2)),
+        argv=["sleep", "30"],
+    )
+    kind, reply = as_nobody(c.endpoint, Submit(spec=spec))
+    assert kind == "ok", reply
+    mine = reply["display"]
+    c.wait_state(mine, "running")
+    (proc,) = c.wait_for(lambda: c.job_procs(mine), what="the job's process")
+    kind, value = as_nobody(c.endpoint, Alter(selector=mine, ncpus=3))
+    assert (kind, value[0]) == ("error", 8), value  # outside its range
+    kind, value = as_nobody(c.endpoint, Alter(selector=mine, ncpus=1))
+    assert kind == "ok", value
+    record = c.wait_resizes(mine, 1)
+    assert record["resizes"][0]["cause"] == "qalter by nobody"
+    assert proc.cpu_affinity() == record["cpus"] and len(record["cpus"]) == 1
