@@ -41,161 +41,24 @@ for no cut-off), ``sharing_factor`` (0.5), ``expand`` (true), ``candidates``
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from itertools import combinations
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import msgspec
 
-from minibatch.core.resize import limit_rate
 from minibatch.core.snapshot import (
     ClusterSnapshot,
     PendingView,
     Plan,
     Resize,
-    RunningView,
     Start,
 )
 from minibatch.errors import InvalidArgument
 from minibatch.policy.base import as_bool, as_int
+from minibatch.policy.mates import Mate, Room, Seat, Seats
 from minibatch.policy.planning import Pass
 from minibatch.policy.profile import Profile, shape_of
 from minibatch.policy.search import Shape
-
-
-class Mate:
-    """A running malleable job as this pass sees it (its CPUs change in the pass)."""
-
-    __slots__ = ("view", "node", "held", "end", "low", "high", "ppn", "req")
-
-    def __init__(self, view: RunningView, now: float) -> None:
-        self.view = view
-        self.node, self.held = view.nodes[0]
-        self.low, self.high = view.malleable or (self.held, self.held)
-        self.ppn = view.ppn or self.held
-        self.req = view.req_walltime or view.walltime
-        #: Its predicted end (start + time limit, as stretched).
-        self.end = max(view.start_time + view.walltime, now)
-
-    @property
-    def surplus(self) -> int:
-        """CPUs beyond its request: they go to whoever needs them, no penalty."""
-        return max(0, self.held - self.ppn)
-
-    def lendable(self, sharing: float) -> int:
-        """CPUs of its request it may lend: a share, never below its minimum."""
-        base = min(self.held, self.ppn)
-        return max(0, min(math.floor(sharing * base), base - self.low))
-
-    def end_after(self, give: int, now: float, until: float) -> float:
-        """Its predicted end if it gives ``give`` CPUs until ``until`` and then
-        grows back: the work left at the lower rate, the rest at the old one."""
-        before = limit_rate([self.held], self.ppn)
-        during = limit_rate([self.held - give], self.ppn)
-        work = (self.end - now) * before
-        done = (until - now) * during
-        if work <= done:
-            return now + work / during
-        return until + (work - done) / before
-
-    def penalty(self, end: float) -> float:
-        """Eq. 4: its predicted slowdown with its run ending at ``end``."""
-        if self.req <= 0:
-            return math.inf
-        wait = self.view.start_time - self.view.submit_time
-        increase = max(0.0, end - (self.view.start_time + self.req))
-        return (wait + increase + self.req) / self.req
-
-
-class Room(NamedTuple):
-    """A way to start a guest now on one node."""
-
-    #: Eq. 1: the sum of the lending mates' penalties.
-    penalty: float
-    cpus: int
-    node: int
-    #: Idle CPUs of the node it takes.
-    free: int
-    #: (mate, CPUs it gives), in the order they are taken.
-    gives: tuple[tuple[Mate, int], ...]
-
-    def better_than(self, other: Room | None) -> bool:
-        if other is None:
-            return True
-        return (self.penalty, -self.cpus, len(self.gives)) < (
-            other.penalty,
-            -other.cpus,
-            len(other.gives),
-        )
-
-
-class Seat:
-    """A node's running malleable jobs as lenders, for this pass."""
-
-    __slots__ = ("mates", "surplus", "lenders", "lendable", "penalty", "room", "least")
-
-    def __init__(
-        self,
-        mates: list[Mate],
-        sharing: float,
-        eligible: Callable[[Mate], bool],
-        candidates: int,
-        size: int,
-    ) -> None:
-        self.mates = mates
-        self.surplus = sum(m.surplus for m in mates)
-        #: Each mate's penalty before any shrink (Listing 2's filter and sort).
-        self.penalty = {m: m.penalty(m.end) for m in mates}
-        self.lendable = {m: m.lendable(sharing) for m in mates}
-        ranked = [m for m in mates if self.lendable[m] and eligible(m)]
-        ranked.sort(key=self.penalty.__getitem__)
-        self.lenders = ranked[:candidates]
-        #: The most CPUs ``size`` lenders can give, and the least penalty one
-        #: of them has.
-        most = sorted((self.lendable[m] for m in self.lenders), reverse=True)
-        self.room = sum(most[:size])
-        self.least = self.penalty[ranked[0]] if ranked else math.inf
-
-
-class Seats:
-    """The seats of every node with running malleable jobs, made when first
-    needed and made again after a node's mates change."""
-
-    def __init__(
-        self,
-        by_node: dict[str, list[Mate]],
-        make: Callable[[list[Mate]], Seat],
-    ) -> None:
-        self.by_node, self.make = by_node, make
-        self._seats: dict[str, Seat] = {}
-
-    def of(self, name: str) -> Seat | None:
-        seat = self._seats.get(name)
-        if seat is None and name in self.by_node:
-            seat = self._seats[name] = self.make(self.by_node[name])
-        return seat
-
-    def changed(self, name: str) -> None:
-        self._seats.pop(name, None)
-
-    def nodes_for(
-        self, general: Profile, low: int, ppn: int, mem: int, lend: bool
-    ) -> list[int]:
-        """The nodes where a guest of at least ``low`` CPUs (and ``mem``) could
-        possibly sit, lending or not."""
-        out = []
-        for i, name in enumerate(general.names):
-            if name not in self.by_node:
-                continue
-            m = general.m0[i]
-            if mem and m is not None and m < mem:
-                continue
-            seat = self.of(name)
-            assert seat is not None
-            most = min(general.c0[i], ppn) + seat.surplus + (seat.room if lend else 0)
-            if most >= low:
-                out.append(i)
-        return out
 
 
 class SlowdownDriven:
