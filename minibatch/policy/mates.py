@@ -23,7 +23,7 @@ from minibatch.policy.profile import Profile
 class Mate:
     """A running malleable job as this pass sees it (its CPUs change in the pass)."""
 
-    __slots__ = ("view", "node", "held", "end", "low", "high", "ppn", "req")
+    __slots__ = ("view", "node", "held", "end", "low", "high", "ppn", "req", "lent")
 
     def __init__(self, view: RunningView, now: float) -> None:
         self.view = view
@@ -33,16 +33,23 @@ class Mate:
         self.req = view.req_walltime or view.walltime
         #: Its predicted end (start + time limit, as stretched).
         self.end = max(view.start_time + view.walltime, now)
+        #: It lent CPUs to a guest in this pass (it does not grow in it then).
+        self.lent = False
 
     @property
-    def surplus(self) -> int:
-        """CPUs beyond its request: they go to whoever needs them, no penalty."""
-        return max(0, self.held - self.ppn)
+    def snapshot_held(self) -> int:
+        return self.view.nodes[0][1]
 
     def lendable(self, sharing: float) -> int:
-        """CPUs of its request it may lend: a share, never below its minimum."""
-        base = min(self.held, self.ppn)
-        return max(0, min(math.floor(sharing * base), base - self.low))
+        """CPUs it may lend: in all at most ``sharing`` of its request (what it
+        lends already counts), never below its minimum (Section 3.3)."""
+        return max(
+            0,
+            min(
+                math.floor(sharing * self.ppn) - (self.ppn - self.held),
+                self.held - self.low,
+            ),
+        )
 
     def end_after(self, give: int, now: float, until: float) -> float:
         """Its predicted end if it gives ``give`` CPUs until ``until`` and then
@@ -73,8 +80,8 @@ class Room(NamedTuple):
     node: int
     #: Idle CPUs of the node it takes.
     free: int
-    #: (mate, CPUs it gives), in the order they are taken.
-    gives: tuple[tuple[Mate, int], ...]
+    #: (mate, CPUs it gives, its predicted end after), in the order taken.
+    gives: tuple[tuple[Mate, int, float], ...]
 
     def better_than(self, other: Room | None) -> bool:
         if other is None:
@@ -89,7 +96,7 @@ class Room(NamedTuple):
 class Seat:
     """A node's running malleable jobs as lenders, for this pass."""
 
-    __slots__ = ("mates", "surplus", "lenders", "lendable", "penalty", "room", "least")
+    __slots__ = ("lenders", "lendable", "penalty", "room")
 
     def __init__(
         self,
@@ -99,19 +106,15 @@ class Seat:
         candidates: int,
         size: int,
     ) -> None:
-        self.mates = mates
-        self.surplus = sum(m.surplus for m in mates)
         #: Each mate's penalty before any shrink (Listing 2's filter and sort).
         self.penalty = {m: m.penalty(m.end) for m in mates}
         self.lendable = {m: m.lendable(sharing) for m in mates}
         ranked = [m for m in mates if self.lendable[m] and eligible(m)]
         ranked.sort(key=self.penalty.__getitem__)
         self.lenders = ranked[:candidates]
-        #: The most CPUs ``size`` lenders can give, and the least penalty one
-        #: of them has.
+        #: The most CPUs ``size`` lenders can give.
         most = sorted((self.lendable[m] for m in self.lenders), reverse=True)
         self.room = sum(most[:size])
-        self.least = self.penalty[ranked[0]] if ranked else math.inf
 
 
 class Seats:
@@ -135,11 +138,9 @@ class Seats:
     def changed(self, name: str) -> None:
         self._seats.pop(name, None)
 
-    def nodes_for(
-        self, general: Profile, low: int, ppn: int, mem: int, lend: bool
-    ) -> list[int]:
+    def nodes_for(self, general: Profile, low: int, ppn: int, mem: int) -> list[int]:
         """The nodes where a guest of at least ``low`` CPUs (and ``mem``) could
-        possibly sit, lending or not."""
+        possibly sit on idle and lent CPUs."""
         out = []
         for i, name in enumerate(general.names):
             if name not in self.by_node:
@@ -149,7 +150,6 @@ class Seats:
                 continue
             seat = self.of(name)
             assert seat is not None
-            most = min(general.c0[i], ppn) + seat.surplus + (seat.room if lend else 0)
-            if most >= low:
+            if min(general.c0[i], ppn) + seat.room >= low:
                 out.append(i)
         return out

@@ -104,9 +104,11 @@ class SlowdownDriven:
         general, now = p.book.general, snap.now
         by_node: dict[str, list[Mate]] = {}
         for r in snap.running:
-            if r.malleable is not None and len(r.nodes) == 1:
+            if r.malleable is not None and len(r.nodes) == 1 and not r.advres:
                 mate = Mate(r, now)
                 by_node.setdefault(mate.node, []).append(mate)
+        if snap.pending:
+            self._reclaim(general, by_node)
         cutoff = self._cutoff(snap) if by_node else math.inf
         seats = Seats(
             by_node,
@@ -137,7 +139,8 @@ class SlowdownDriven:
                 if job.request.malleable is not None and found[0] is general:
                     fresh.append((job, found[1][0]))
                 continue
-            if by_node and not job.advres and tries > 0:
+            malleable = job.request.malleable is not None
+            if by_node and malleable and not job.advres and tries > 0:
                 tries -= 1
                 room = self._room(p, job, seats, failed)
                 if room is not None:
@@ -157,14 +160,38 @@ class SlowdownDriven:
                     text = said[shape] = p.reason(job)
                 p.reasons[job.id] = text
         if self.expand:
-            resizes += self._grow(general, by_node, now)
+            self._grow(general, by_node)
             self._grow_fresh(general, fresh, ppns, now)
+        # A mate that lent has its guest's resize; any other that changed
+        # (its surplus taken back, or grown) gets one of its own.
+        resizes += [
+            Resize(m.view.id, m.held)
+            for mates in by_node.values()
+            for m in mates
+            if not m.lent and m.held != m.snapshot_held
+        ]
         plan = p.plan(order=snap.pending, by_submission=True)
         starts = [
             Start(s.job, s.nodes, ppns[s.job]) if s.job in ppns else s
             for s in plan.starts
         ]
         return msgspec.structs.replace(plan, starts=starts, resizes=resizes)
+
+    @staticmethod
+    def _reclaim(general: Profile, by_node: dict[str, list[Mate]]) -> None:
+        """Jobs grown beyond their request give the extra CPUs back when jobs
+        wait: the pass plans with them free (any job may start on them), and
+        what nothing uses is grown again at the end (``expand``)."""
+        index = {name: i for i, name in enumerate(general.names)}
+        for name, mates in by_node.items():
+            i = index.get(name)
+            if i is None:
+                continue
+            for m in mates:
+                extra = m.held - m.ppn
+                if extra > 0:
+                    general.add(i, None, m.end, extra, 0, 0)
+                    m.held = m.ppn
 
     def _cutoff(self, snap: ClusterSnapshot) -> float:
         """MAX_SLOWDOWN: the number given, or the running jobs' mean predicted
@@ -187,53 +214,48 @@ class SlowdownDriven:
         seats: Seats,
         failed: set[tuple[int, int, int, int, int]],
     ) -> Room | None:
-        """The best way to start ``job`` now on CPUs mates give (Listing 2)."""
+        """The best way to start malleable ``job`` now on CPUs mates lend
+        (Listings 1 and 2), or None."""
         req = job.request
         count, ppn, mem, gpus = shape_of(req)
-        if count != 1:
+        if count != 1 or req.malleable is None:
             return None
-        low = req.malleable[0] if req.malleable is not None else ppn
+        low = req.malleable[0]
         key = (low, ppn, mem, gpus, req.walltime)
         if key in failed:
             return None
         general, now = p.book.general, p.now
-        lend = req.malleable is not None
-        nodes = seats.nodes_for(general, low, ppn, mem, lend)
+        nodes = seats.nodes_for(general, low, ppn, mem)
         if not nodes:
             failed.add(key)
             return None
         # Listing 1 (static_end > mall_end) as the fewest CPUs worth running
         # on: the static end is when it would end if it waited.
-        need = low
-        if lend:
-            wait_end = self._static_end(p, job) - now
-            if wait_end <= req.walltime:
-                need = ppn  # it would not wait long enough for any shrinking
-            else:
-                need = max(low, math.floor(req.walltime * ppn / wait_end) + 1)
-        # Rooms without lenders first (no penalty); then the nodes of the
-        # ``candidates`` lowest-penalty lenders of all (Section 3.2.4: "the
-        # first nm mates, with lower p"), each with those of its lenders.
+        wait_end = self._static_end(p, job) - now
+        if wait_end <= req.walltime:
+            failed.add(key)
+            return None  # it would not wait long enough for any shrinking
+        need = max(low, math.floor(req.walltime * ppn / wait_end) + 1)
+        # The nodes of the ``candidates`` lowest-penalty lenders of all
+        # (Section 3.2.4: "the first nm mates, with lower p"), each with those
+        # of its lenders.
+        lenders = sorted(
+            (
+                (seat.penalty[m], i, m)
+                for i in nodes
+                if (seat := seats.of(general.names[i])) is not None
+                for m in seat.lenders
+            ),
+            key=lambda x: (x[0], x[1]),
+        )
+        chosen: dict[int, list[Mate]] = {}
+        for _, i, m in lenders[: self.candidates]:
+            chosen.setdefault(i, []).append(m)
         best: Room | None = None
-        lenders: list[tuple[float, int, Mate]] = []
-        for i in nodes:
+        for i, mine in chosen.items():
             seat = seats.of(general.names[i])
             assert seat is not None
-            if min(general.c0[i], ppn) + seat.surplus >= need:
-                best = self._best_on(general, i, (), seat.mates, job, need, now, best)
-            elif lend:
-                lenders += [(seat.penalty[m], i, m) for m in seat.lenders]
-        if best is None and lenders:
-            lenders.sort(key=lambda x: (x[0], x[1]))
-            chosen: dict[int, list[Mate]] = {}
-            for _, i, m in lenders[: self.candidates]:
-                chosen.setdefault(i, []).append(m)
-            for i, mine in chosen.items():
-                seat = seats.of(general.names[i])
-                assert seat is not None
-                best = self._best_on(
-                    general, i, tuple(mine), seat.mates, job, need, now, best, seat
-                )
+            best = self._best_on(general, i, seat, tuple(mine), job, need, now, best)
         if best is None:
             failed.add(key)
         return best
@@ -242,66 +264,86 @@ class SlowdownDriven:
         self,
         general: Profile,
         i: int,
+        seat: Seat,
         lenders: tuple[Mate, ...],
-        mates: list[Mate],
         job: PendingView,
         need: int,
         now: float,
         best: Room | None,
-        seat: Seat | None = None,
     ) -> Room | None:
-        """The best room on node ``i``, or ``best`` if none beats it: idle CPUs
-        first, then mates' surplus, then CPUs lent by a set of at most
-        ``mates`` of ``lenders`` (``seat`` has their penalties and shares)."""
+        """The best room on node ``i``, or ``best`` if none beats it: the node's
+        idle CPUs, and CPUs lent by a set of at most ``mates`` of ``lenders``."""
         req = job.request
         _, ppn, mem, gpus = shape_of(req)
         free = min(general.c0[i], ppn)
-        base: dict[Mate, int] = {}
-        total = free
-        for m in mates:
-            if total < ppn and m.surplus:
-                base[m] = min(m.surplus, ppn - total)
-                total += base[m]
-        sets: list[tuple[Mate, ...]] = [()]
-        if seat is not None and total < ppn:
-            for size in range(1, self.mates + 1):
-                sets += combinations(lenders, size)
-        for chosen in sets:
-            gives = dict(base)
-            cpus = total
-            if chosen:
-                assert seat is not None
+        for size in range(1, self.mates + 1):
+            for chosen in combinations(lenders, size):
                 # Penalties only grow with a shrink: a set whose mates'
                 # penalties before it already exceed the best cannot beat it.
                 if best is not None and (
                     sum(seat.penalty[m] for m in chosen) > best.penalty
                 ):
                     continue
-                for m in chosen:
-                    gives[m] = gives.get(m, 0) + min(seat.lendable[m], ppn - cpus)
-                    cpus += seat.lendable[m]
-                cpus = min(cpus, ppn)
-                if any(gives[m] <= base.get(m, 0) for m in chosen):
-                    continue  # a smaller set already covers it
-            if cpus < (need if cpus < ppn or chosen else ppn) or not gives:
-                continue
-            end = now + req.walltime * ppn / cpus
-            penalty = 0.0
-            for m in chosen:
-                mate_end = m.end_after(gives[m], now, end)
-                penalty += m.penalty(mate_end)
-                # The guest ends inside its mates' allocation (3.2.4).
-                if mate_end < end:
-                    break
-            else:
-                room = Room(penalty, cpus, i, free, tuple(gives.items()))
-                if not room.better_than(best):
-                    continue
-                shape: Shape = (1, free, mem, gpus)
-                if (free or mem or gpus) and not general.fits_on(i, shape, end):
-                    continue
-                best = room
+                room = self._try(general, i, seat, chosen, free, job, need, now)
+                if room is not None and room.better_than(best):
+                    best = room
         return best
+
+    def _try(
+        self,
+        general: Profile,
+        i: int,
+        seat: Seat,
+        chosen: tuple[Mate, ...],
+        free: int,
+        job: PendingView,
+        need: int,
+        now: float,
+    ) -> Room | None:
+        """The room ``chosen`` make on node ``i`` with its ``free`` idle CPUs,
+        if it keeps every rule."""
+        req = job.request
+        _, ppn, mem, gpus = shape_of(req)
+        cpus = free
+        gives: list[tuple[Mate, int]] = []
+        for m in chosen:
+            lend = min(seat.lendable[m], ppn - cpus)
+            if lend <= 0:
+                return None  # a smaller set already covers it
+            gives.append((m, lend))
+            cpus += lend
+        if cpus < need:
+            return None
+        end = now + req.walltime * ppn / cpus
+        penalty = 0.0
+        ends: list[float] = []
+        for m, lend in gives:
+            mate_end = m.end_after(lend, now, end)
+            # The guest ends inside its mates' allocation (3.2.4).
+            if mate_end < end:
+                return None
+            penalty += m.penalty(mate_end)
+            ends.append(mate_end)
+        # The mates hold all their CPUs longer: nothing planned (a
+        # reservation, the queue's head) may need them before the new ends.
+        held = sum(m.held for m in chosen)
+        since = min(m.end for m in chosen)
+        if (
+            max(ends) > since
+            and general.next_start(i, (1, held, 0, 0), max(ends) - since, since, since)
+            is None
+        ):
+            return None
+        shape: Shape = (1, free, mem, gpus)
+        if (free or mem or gpus) and not general.fits_on(i, shape, end):
+            return None
+        return Room(
+            penalty,
+            cpus,
+            i,
+            free,
+            tuple((m, lend, e) for (m, lend), e in zip(gives, ends, strict=True)),
+        )
 
     def _eligible(self, mate: Mate, cutoff: float) -> bool:
         """Listing 2's filter, on the mate's predicted slowdown now: Eq. 2 (p <
@@ -332,35 +374,31 @@ class SlowdownDriven:
         end = p.now + req.walltime * req.ppn / room.cpus
         general = p.book.general
         p.book.place(general, [room.node], (1, room.free, mem, gpus), None, end)
-        name = general.names[room.node]
-        p.starts.append(Start(job.id, (name,)))
+        p.starts.append(Start(job.id, (general.names[room.node],)))
         if room.cpus != req.ppn:
             ppns[job.id] = room.cpus
-        for mate, give in room.gives:
-            mate.end = mate.end_after(give, p.now, end)
-            mate.held -= give
+        for mate, lend, mate_end in room.gives:
+            if mate_end > mate.end:
+                general.add(room.node, mate.end, mate_end, -mate.held, 0, 0)
+            mate.end, mate.held, mate.lent = mate_end, mate.held - lend, True
             resizes.append(Resize(mate.view.id, mate.held, guest=job.id))
 
     # -------------------------------------------------------------- idle CPUs
 
-    def _grow(
-        self, general: Profile, by_node: dict[str, list[Mate]], now: float
-    ) -> list[Resize]:
-        """Give CPUs nobody waiting can use to running malleable jobs."""
-        out: list[Resize] = []
+    @staticmethod
+    def _grow(general: Profile, by_node: dict[str, list[Mate]]) -> None:
+        """Give CPUs nobody waiting can use to running malleable jobs (not to
+        one that lent in this pass), highest predicted slowdown first."""
         for i, name in enumerate(general.names):
             mates = by_node.get(name)
             if not general.c0[i] or not mates:
                 continue
             for m in sorted(mates, key=lambda m: -m.penalty(m.end)):
-                more = _idle(general, i, m.high - m.held, m.end)
-                if more:
-                    m.held += more
-                    out.append(Resize(m.view.id, m.held))
-        return out
+                if not m.lent:
+                    m.held += _idle(general, i, m.high - m.held, m.end)
 
+    @staticmethod
     def _grow_fresh(
-        self,
         general: Profile,
         fresh: list[tuple[PendingView, int]],
         ppns: dict[int, int],

@@ -105,15 +105,58 @@ def test_only_when_it_beats_the_static_end():
     assert SlowdownDriven().plan(s).starts
 
 
-def test_rigid_jobs_only_take_what_a_grown_job_holds_beyond_its_request():
+def test_a_grown_job_gives_back_what_it_holds_beyond_its_request():
     grown = mate(1, 4, (1, 4), ppn=2)
     s = snap([4], [grown], [pending(2, 2)])
     plan = SlowdownDriven().plan(s)
+    # The resize comes first (the server applies resizes before starts).
     assert plan.starts == [Start(2, ("n0",), 0)]
-    assert plan.resizes == [Resize(1, 2, guest=2)]
+    assert plan.resizes == [Resize(1, 2)]
+    # Any shape may use it: a rigid job on two nodes.
+    s = snap([4, 4], [grown, mate(3, 2, (1, 2), node="n1")], [pending(2, 2)])
+    wide = msgspec.structs.replace(
+        s,
+        pending=(
+            msgspec.structs.replace(
+                s.pending[0], request=JobRequest(nodes=2, ppn=2, walltime=100)
+            ),
+        ),
+    )
+    plan = SlowdownDriven().plan(wide)
+    assert started(plan) == [2] and plan.resizes == [Resize(1, 2)]
     # A rigid job never shrinks a job below what it asked for.
     s = snap([4], [mate(1, 4, (1, 4))], [pending(2, 2)])
     assert not SlowdownDriven().plan(s).starts
+    # Nothing waits: the grown job keeps its CPUs.
+    assert not SlowdownDriven().plan(snap([4], [grown])).resizes
+
+
+def test_a_guest_never_delays_the_reserved_head():
+    # Job 3 on two CPUs lent by job 1 would stretch job 1 past 100, where the
+    # head (job 2, the whole node) is reserved.
+    s = snap(
+        [4],
+        [mate(1, 4, (2, 4), walltime=100)],
+        [pending(2, 4), pending(3, 2, (1, 2), 50)],
+    )
+    plan = SlowdownDriven().plan(s)
+    assert not plan.starts and not plan.resizes and plan.predicted[2] == 100
+
+
+def test_the_sharing_factor_bounds_what_a_mate_lends_in_all():
+    s = snap([8], [mate(1, 8, (1, 8))], [pending(2, 4, (2, 4)), pending(3, 4, (2, 4))])
+    plan = SlowdownDriven().plan(s)
+    assert plan.starts == [Start(2, ("n0",), 0)]
+    assert plan.resizes == [Resize(1, 4, guest=2)]
+
+
+def test_lenders_count_where_idle_cpus_alone_would_do():
+    # Two idle CPUs reach the guest's minimum, but it starts bigger with its
+    # mate's help (a start on idle CPUs alone is not a malleable start).
+    s = snap([4], [mate(1, 2, (1, 2))], [pending(2, 4, (2, 4))])
+    plan = SlowdownDriven().plan(s)
+    assert plan.starts == [Start(2, ("n0",), 3)]
+    assert plan.resizes == [Resize(1, 1, guest=2)]
 
 
 def test_idle_cpus_grow_malleable_jobs_when_nothing_waiting_can_use_them():
