@@ -152,6 +152,8 @@ class ResizeEvent(msgspec.Struct, frozen=True, kw_only=True):
     cause: str = ""
     #: The job's resize number: 1 for its first, 2 for the next...
     seq: int = 0
+    #: The job's time limit before it (restored if the node refuses it).
+    limit: float = 0.0
 
 
 class Job(msgspec.Struct, kw_only=True):
@@ -202,8 +204,9 @@ class Job(msgspec.Struct, kw_only=True):
     #: integrates the allocation over them).
     resizes: list[ResizeEvent] = []
     #: Resizes sent to the node and not yet acknowledged, in the order sent
-    #: (``time`` is when the server sent each).
+    #: (``time`` is when the server sent each), and the last number given.
     resizing: list[ResizeEvent] = []
+    resize_seq: int = 0
     #: Seconds from the start the job may run: its requested walltime, stretched
     #: while it runs on fewer CPUs than it asked for (0: the requested walltime).
     time_limit: float = 0.0

@@ -122,6 +122,12 @@ def new_limit(
     return max(asked, elapsed + stretch(left, before, after))
 
 
+def start_limit(walltime: float, asked: int, ppn: int) -> float:
+    """The time limit of a job that asked for ``asked`` CPUs per node for
+    ``walltime`` seconds and starts on ``ppn``: stretched when fewer."""
+    return new_limit(0.0, walltime, walltime, 1.0, limit_rate([ppn], asked))
+
+
 def give_back_target(held: int, lent: int, high: int, free: int) -> int:
     """A mate's CPUs when its guest ends: what it lent back, within its maximum
     and the CPUs free on its node (seed 002, Listing 3: ``expand_job(owner)``)."""

@@ -40,15 +40,13 @@ class RunningView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     group: str = ""
     account: str = ""
     qos: str = ""
-    #: Malleable jobs: the fewest and most CPUs per node (None: rigid), the
-    #: CPUs per node asked for, when the job was submitted and the walltime it
-    #: asked for (``walltime`` is that limit as stretched by resizes), and the
-    #: CPUs it holds that it borrowed from mates: ((mate id, cpus), ...).
+    #: Malleable jobs: the fewest and most CPUs per node (None: rigid); for
+    #: every job the CPUs per node asked for, when it was submitted and the
+    #: walltime it asked for (``walltime`` is that limit as stretched by resizes).
     malleable: tuple[int, int] | None = None
     ppn: int = 0
     submit_time: float = 0.0
     req_walltime: float = 0.0
-    borrowed: tuple[tuple[int, int], ...] = ()
 
     def expected_end(self, now: float) -> float:
         """Start + requested time; a job past it is treated as ending now."""

@@ -43,7 +43,7 @@ from typing import Final
 
 import msgspec
 
-from minibatch.core.job import Job
+from minibatch.core.job import Job, allocated_cpu_seconds
 from minibatch.core.snapshot import FairshareView
 
 #: PSP looks at the accuracy of a user's last 10 finished jobs.
@@ -128,7 +128,12 @@ def record_from_job(
     """
     if job.start_time is None:
         return None
-    cpus = sum(len(a.cpus) for a in job.alloc) or job.request.cpus
+    cpus: float = sum(len(a.cpus) for a in job.alloc) or job.request.cpus
+    if job.resizes and job.end_time is not None and job.end_time > job.start_time:
+        # A resized job is charged the CPUs it held over its run, spread evenly.
+        cpus = allocated_cpu_seconds(job, job.end_time) / (
+            job.end_time - job.start_time
+        )
     return UsageRecord(
         id=job.id,
         user=job.user,

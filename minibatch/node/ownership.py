@@ -55,8 +55,10 @@ class Run:
     leftovers: int = 0
     drain_since: float | None = None
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
-    #: The node CPU ids the job is confined to now (they change on a resize).
+    #: The node CPU ids the job is confined to now (they change on a resize),
+    #: and the number of the last resize applied (a repeat is answered again).
     cpus: list[int] = field(default_factory=list)
+    seq: int = 0
     #: Seconds from the start the job may run, and the timer that enforces it
     #: (re-armed when a resize stretches the limit).
     limit: float = 0.0

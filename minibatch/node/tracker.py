@@ -189,12 +189,25 @@ class Tracker:
         self, job: int, cpus: list[int], time_limit: float, seq: int = 0
     ) -> None:
         """Confine the job to ``cpus`` (node ids), tell it, and answer with a
-        ``JobResized``; a job not running here is answered with an error."""
+        ``JobResized``. A job not running here, or being killed, is answered
+        with an error (and the CPUs it runs on, if any); a resize already
+        applied (a repeat after a server restart) is answered again."""
         run = self._own.jobs.get(job)
-        if run is None or run.status is not None or run.kill_reason is not None:
+        if run is None:
             why = "the job is not running on this node"
             self._emit(
                 JobResized(job=job, cpus=[], time=time.time(), error=why, seq=seq)
+            )
+            return
+        if run.status is not None or run.kill_reason is not None:
+            why = "the job is ending"
+            self._emit(
+                JobResized(job=job, cpus=run.cpus, time=time.time(), error=why, seq=seq)
+            )
+            return
+        if seq and seq <= run.seq:
+            self._emit(
+                JobResized(job=job, cpus=run.cpus, time=time.time(), seq=run.seq)
             )
             return
         physical = self.launcher.physical_cpus(cpus)
@@ -209,12 +222,12 @@ class Tracker:
             )
             return
         now = time.time()
-        run.cpus = list(cpus)
+        run.cpus, run.seq = list(cpus), seq
         try:
             resizer.write_cpuset(self.launcher.cpuset_path(job), physical)
         except OSError as exc:
             log.warning("job %s: cannot write its CPU list: %s", job, exc)
-        signalled = resizer.notify(self._tree_now(run), self.resize_signal)
+        signalled = resizer.notify(self._tree_now(run), self.launcher.signal)
         self._arm_walltime(run, time_limit)
         log.info(
             "job %s: resized to CPUs %s (%d threads moved, %d processes told)",
@@ -224,10 +237,6 @@ class Tracker:
             len(signalled),
         )
         self._emit(JobResized(job=job, cpus=list(cpus), time=now, seq=seq))
-
-    @property
-    def resize_signal(self) -> int | None:
-        return resizer.parse_signal(self.launcher.resize_signal)
 
     def _tree_now(self, run: Run) -> list[int]:
         table = self._own.scan()

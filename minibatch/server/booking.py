@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from minibatch.config import Config
-from minibatch.core.job import ACTIVE_STATES, PENDING_STATES, JobRequest
+from minibatch.core.job import ACTIVE_STATES, PENDING_STATES, JobRequest, limit_of
 from minibatch.core.reservation import NAME_PATTERN, Reservation
 from minibatch.core.units import format_duration
 from minibatch.errors import (
@@ -198,7 +198,7 @@ def create(state: ServerState, msg: SetReservation, owner: str) -> Reservation:
     start = max(msg.start, now)
     end = start + msg.duration
     ends = {
-        job.id: (job.start_time or now) + job.request.walltime
+        job.id: (job.start_time or now) + limit_of(job)
         for job in state.jobs.values()
         if job.state in ACTIVE_STATES
     }

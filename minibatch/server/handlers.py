@@ -139,27 +139,66 @@ def job_control(
 def alter(
     state: ServerState, ctx: Context, caller: Caller | None, ident: bytes, msg: Alter
 ) -> Message:
+    """Every job is checked before any changes, so a refusal changes nothing."""
     jobs = state.select(msg.selector, finished=False)
+    resize: list[Job] = []
     for job in jobs:
         _may_control(ctx, caller, job)
         if job.state in PENDING_STATES:
-            continue
-        if job.state is not JobState.RUNNING or job.request.malleable is None:
+            state.altered(job, msg.name, msg.walltime, msg.ncpus)
+        elif job.state is JobState.RUNNING and job.request.malleable is not None:
+            resize.append(job)
+        else:
             raise InvalidArgument(
                 f"job {job.display_id} is {job.state}; only pending jobs can be "
                 "altered (and the ncpus of a running malleable job)"
             )
-        if msg.name is not None or msg.walltime is not None or msg.ncpus is None:
-            raise InvalidArgument(
-                f"job {job.display_id} is running: only its ncpus can be altered"
-            )
-        why = malleable.check(state, job, msg.ncpus)
-        if why is not None:
-            raise InvalidArgument(why)
-    by = need_caller(caller).user
+    if resize:
+        target = _resize_target(state, ctx, caller, resize, msg)
     for job in jobs:
-        state.alter(job, msg.name, msg.walltime, msg.ncpus, by=by)
+        if job.state in PENDING_STATES:
+            state.alter(job, msg.name, msg.walltime, msg.ncpus)
+    if resize:
+        cause = f"qalter by {need_caller(caller).user}"
+        why = malleable.resize(state, resize[0], target, cause)
+        assert why is None, why  # checked above, nothing changed since
     return JobList(jobs=jobs)
+
+
+def _resize_target(
+    state: ServerState,
+    ctx: Context,
+    caller: Caller | None,
+    jobs: list[Job],
+    msg: Alter,
+) -> int:
+    """The CPUs ``qalter`` asks a running malleable job to run on, or raise.
+
+    One running job per request: each resize is checked against the CPUs free
+    now, so two could not both be checked before either is applied. Only an
+    operator may grow a job: a user shrinks theirs (within its range), as Slurm
+    lets users shrink and not grow, since growing would take CPUs ahead of the
+    queue.
+    """
+    if len(jobs) > 1:
+        raise InvalidArgument(
+            f"{msg.selector} names {len(jobs)} running jobs: resize them one at a time"
+        )
+    job = jobs[0]
+    if msg.name is not None or msg.walltime is not None or msg.ncpus is None:
+        raise InvalidArgument(
+            f"job {job.display_id} is running: only its ncpus can be altered"
+        )
+    held = len(job.alloc[0].cpus) if job.alloc else 0
+    if msg.ncpus > held and not ctx.is_operator(caller):
+        raise PermissionDenied(
+            f"only operators may grow a running job; you may shrink job "
+            f"{job.display_id} (it holds {held} CPUs)"
+        )
+    why = malleable.check(state, job, msg.ncpus)
+    if why is not None:
+        raise InvalidArgument(why)
+    return msg.ncpus
 
 
 def query_nodes(

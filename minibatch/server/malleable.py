@@ -24,6 +24,7 @@ again, and a comment says what happened.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -32,6 +33,7 @@ from minibatch.core.job import Allocation, Job, JobState, ResizeEvent, limit_of
 from minibatch.core.resize import give_back_target, limit_rate, new_limit, refusal
 from minibatch.core.snapshot import Plan, Resize, Start
 from minibatch.core.units import format_cpu_list
+from minibatch.errors import InvalidArgument
 from minibatch.protocol.messages import JobResized, ResizeJob
 from minibatch.server.reservations import JobCpus
 
@@ -64,13 +66,18 @@ def check(state: ServerState, job: Job, target: int) -> str | None:
     if node is None or len(job.alloc) != 1:
         return f"job {job.display_id} does not run on one known node"
     held = len(job.alloc[0].cpus)
-    return refusal(
-        job.id,
-        job.request.malleable,
-        held,
-        target,
-        len(_growth(state, job, node, target)),
-    )
+    room = len(_growth(state, job, node, target))
+    why = refusal(job.id, job.request.malleable, held, target, room)
+    if why is None and target < held:
+        kept = _kept(state, job, node, target)
+        why = kept if isinstance(kept, str) else None
+    if why is None:
+        limit = stretched_limit(job, held, target, state.clock())
+        try:
+            state.qos.check_walltime(job.qos, math.ceil(limit))
+        except InvalidArgument as exc:
+            why = f"on {target} CPUs job {job.display_id} would need a longer {exc}"
+    return why
 
 
 def _growth(state: ServerState, job: Job, node: Node, target: int) -> list[int]:
@@ -83,6 +90,32 @@ def _growth(state: ServerState, job: Job, node: Node, target: int) -> list[int]:
     if not state.reservations.by_name and not job.advres:
         return node.free_cpus()
     return JobCpus(state.reservations, job, now, end).cpus(node)
+
+
+def _kept(state: ServerState, job: Job, node: Node, target: int) -> list[int] | str:
+    """The CPUs a shrink keeps: the lowest that no advance reservation (other
+    than the job's own) holds before the job's stretched end; or why too few
+    are left (a shrink must not run the job into a reservation)."""
+    cpus = sorted(job.alloc[0].cpus)
+    book = state.reservations
+    if not book.by_name:
+        return cpus[:target]
+    now = state.clock()
+    end = (job.start_time or now) + stretched_limit(job, len(cpus), target, now)
+    own = book.get(job.advres) if job.advres else None
+    if own is not None and end > own.end:
+        return (
+            f"on {target} CPUs job {job.display_id} would run past the end of "
+            f"its reservation {own.name!r}"
+        )
+    held = book.holding(node.name, now, end, member=job.advres)
+    usable = [c for c in cpus if c not in held]
+    if len(usable) < target:
+        names = ", ".join(sorted({repr(n) for n in held.values()}))
+        return (
+            f"on {target} CPUs job {job.display_id} would run into reservation {names}"
+        )
+    return usable[:target]
 
 
 def resize(state: ServerState, job: Job, target: int, cause: str) -> str | None:
@@ -100,10 +133,12 @@ def resize(state: ServerState, job: Job, target: int, cause: str) -> str | None:
 
 
 def _take(state: ServerState, job: Job, node: Node, target: int) -> list[int]:
-    """Change ``node``'s allocation to the job's ``target`` CPUs; the CPU ids."""
+    """Change ``node``'s allocation to the job's ``target`` CPUs (checked by
+    :func:`check`); the CPU ids."""
     before = job.alloc[0].cpus
     if target < len(before):
-        after = sorted(before)[:target]
+        after = _kept(state, job, node, target)
+        assert not isinstance(after, str), after
         for cpu in set(before) - set(after):
             if node.used.get(cpu) == job.id:
                 del node.used[cpu]
@@ -121,17 +156,23 @@ def _commit(
     """Record the resize as pending; the message that tells the node."""
     now = state.clock()
     before = list(job.alloc[0].cpus)
+    job.resize_seq += 1
+    pending = ResizeEvent(
+        time=now,
+        node=node.name,
+        before=before,
+        after=after,
+        cause=cause,
+        seq=job.resize_seq,
+        limit=job.time_limit,
+    )
     job.time_limit = stretched_limit(job, len(before), len(after), now)
     job.alloc = [Allocation(node.name, after)]
-    seq = len(job.resizes) + len(job.resizing) + 1
-    pending = ResizeEvent(
-        time=now, node=node.name, before=before, after=after, cause=cause, seq=seq
-    )
     job.resizing = [*job.resizing, pending]
     state.store.put_job(job)
     state.record(job, "resizing", _describe(pending))
     state.changed()
-    return ResizeJob(job=job.id, cpus=after, time_limit=job.time_limit, seq=seq)
+    return ResizeJob(job=job.id, cpus=after, time_limit=job.time_limit, seq=pending.seq)
 
 
 def start_guest(state: ServerState, start: Start, shrinks: list[Resize]) -> str | None:
@@ -224,7 +265,8 @@ def resend(state: ServerState, node: Node) -> None:
 
 
 def acknowledged(state: ServerState, msg: JobResized) -> None:
-    """The node's answer to ``ResizeJob``; a repeat or a late one is a no-op."""
+    """The node's answer to ``ResizeJob`` number ``msg.seq``; a repeat or a late
+    one is a no-op."""
     job = state.jobs.get(msg.job)
     if job is None or not job.resizing:
         return
@@ -236,32 +278,40 @@ def acknowledged(state: ServerState, msg: JobResized) -> None:
         event = msgspec.structs.replace(pending, time=msg.time)
         job.resizes = [*job.resizes, event]
         state.record(job, "resized", _describe(event))
-    job.resizing = [r for r in job.resizing if r.seq > last]
+    failed = [r for r in job.resizing if r.seq == msg.seq] if msg.error else []
+    job.resizing = [r for r in job.resizing if r.seq > msg.seq]
     state.store.put_job(job)
-    if msg.error:
-        _failed(state, job, msg)
+    if failed:
+        _failed(state, job, msg, failed[0])
 
 
-def _failed(state: ServerState, job: Job, msg: JobResized) -> None:
-    job.resizing = []
+def _failed(state: ServerState, job: Job, msg: JobResized, failed: ResizeEvent) -> None:
+    """The node could not apply ``failed``. If it sent a later resize too, the
+    node will still apply that one (it names whole CPU lists), so nothing is to
+    be done; if the job is ending there, its end releases its CPUs. Otherwise
+    the job runs on ``msg.cpus``: it keeps those still free or its own, gets its
+    limit back, and is confined to them if some went to another job meanwhile."""
+    job.comment = f"resize refused by node {failed.node}: {msg.error}"
+    state.record(job, "resize_failed", job.comment)
+    state.store.put_job(job)
     node = _node(state, job)
-    if node is None:
+    if job.resizing or not msg.cpus or node is None:
         return
-    now_cpus = set(job.alloc[0].cpus)
     kept = sorted(c for c in msg.cpus if node.used.get(c, job.id) == job.id)
-    for cpu in now_cpus - set(kept):
+    for cpu in set(job.alloc[0].cpus) - set(kept):
         if node.used.get(cpu) == job.id:
             del node.used[cpu]
     for cpu in kept:
         node.used[cpu] = job.id
-    if kept:
-        job.alloc = [Allocation(node.name, kept)]
-    lost = sorted(set(msg.cpus) - set(kept))
-    job.comment = f"resize refused by node {node.name}: {msg.error}" + (
-        f"; CPUs {format_cpu_list(lost)} now belong to other jobs" if lost else ""
-    )
-    state.store.put_job(job)
-    state.record(job, "resize_failed", job.comment)
+    job.time_limit = failed.limit
+    job.alloc = [Allocation(node.name, msg.cpus)]
+    if kept != sorted(msg.cpus):
+        if not kept:
+            state.cancel(job, f"{job.comment}; its CPUs went to other jobs")
+            return
+        cause = "confined after a refused resize"
+        message = _commit(state, job, node, kept, cause)
+        state.outbox.append((node.route, message))
     state.changed()
 
 

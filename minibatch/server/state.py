@@ -21,13 +21,14 @@ from minibatch.core.job import (
     ACTIVE_STATES,
     PENDING_STATES,
     Job,
+    JobRequest,
     JobResult,
     JobSpec,
     JobState,
     dependency_outcome,
     transition,
 )
-from minibatch.core.resize import limit_rate, new_limit, refusal
+from minibatch.core.resize import refusal, start_limit
 from minibatch.core.snapshot import ClusterSnapshot
 from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
@@ -305,25 +306,11 @@ class ServerState:
         self._set_pending_reason(job)
         self.changed()
 
-    def alter(
-        self,
-        job: Job,
-        name: str | None,
-        walltime: int | None,
-        ncpus: int | None,
-        by: str = "",
-    ) -> None:
-        if job.state is JobState.RUNNING and job.request.malleable is not None:
-            # qalter -l ncpus=N of a running malleable job resizes it.
-            if name is not None or walltime is not None or ncpus is None:
-                raise InvalidArgument(
-                    f"job {job.display_id} is running: only its ncpus can be altered"
-                )
-            cause = f"qalter by {by}" if by else "qalter"
-            why = malleable.resize(self, job, ncpus, cause)
-            if why is not None:
-                raise InvalidArgument(why)
-            return
+    def altered(
+        self, job: Job, name: str | None, walltime: int | None, ncpus: int | None
+    ) -> tuple[str, JobRequest]:
+        """A pending job's name and request after ``qalter``, or raise (nothing
+        changes here)."""
         if job.state not in PENDING_STATES:
             raise InvalidArgument(
                 f"job {job.display_id} is {job.state}; only pending jobs can be altered"
@@ -345,7 +332,12 @@ class ServerState:
         self.qos.check_walltime(job.qos, request.walltime)
         if job.advres:
             booking.check_advres(self, job.advres, job.user, request)
-        job.name, job.request = new_name, request
+        return new_name, request
+
+    def alter(
+        self, job: Job, name: str | None, walltime: int | None, ncpus: int | None
+    ) -> None:
+        job.name, job.request = self.altered(job, name, walltime, ncpus)
         self.queue.discard(job.id)
         self.queue.add(job)
         self.store.put_job(job)
@@ -377,13 +369,7 @@ class ServerState:
             why = refusal(job.id, request.malleable, request.ppn, ppn, ppn)
             if why is not None:
                 return why
-            limit = new_limit(
-                0.0,
-                float(request.walltime),
-                float(request.walltime),
-                1.0,
-                limit_rate([ppn], request.ppn),
-            )
+            limit = start_limit(float(request.walltime), request.ppn, ppn)
             request = msgspec.structs.replace(request, ppn=ppn)
         now = self.clock()
         chooser = None

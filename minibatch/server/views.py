@@ -45,7 +45,6 @@ def snapshot(state: ServerState, now: float) -> ClusterSnapshot:
                 ppn=job.request.ppn,
                 submit_time=job.submit_time,
                 req_walltime=job.request.walltime,
-                borrowed=tuple(job.borrowed.items()),
             )
         )
     running.sort(key=lambda r: r.id)

@@ -43,7 +43,7 @@ from typing import Generic, NamedTuple, TypeVar, overload
 
 import msgspec
 
-from minibatch.core.resize import RuntimeModel, refusal
+from minibatch.core.resize import RuntimeModel, refusal, start_limit
 from minibatch.core.snapshot import (
     ClusterSnapshot,
     FairshareView,
@@ -230,8 +230,6 @@ class Simulator:
         started: dict[int, tuple[float, float, tuple[str, ...]]] = {}
         predicted: dict[int, float] = {}
         kill = self.kill_at_walltime
-        mall = Malleability(self.runtime_model, kill, free, running, ends)
-        runs = mall.runs
         progress = self.progress
         next_report = 4096
         arrived = 0
@@ -241,6 +239,31 @@ class Simulator:
         pe = fs_cfg.policy is FsPolicy.DEDICATEDPES
         procs, mem_total = self.machine.procs, self.machine.mem_kb
         history = AccuracyLedger() if "accuracy" in self.needs else None
+
+        def recharge(jid: int, cpus: int, t: float) -> None:
+            """Fairshare charges a resized job its new CPUs from ``t`` on."""
+            assert ledger is not None
+            view = running[jid]
+            ledger.end(jid, t)
+            rate = float(cpus)
+            if pe:
+                rate = processor_equivalent(cpus, None, procs, mem_total)
+            ledger.start(jid, view.user, view.group, view.account, rate, t)
+
+        def room(node: str, jid: int, t: float, until: float) -> int:
+            span = (t, until)
+            return _room(node, span, active, running, free, spec, exclude=jid)[0]
+
+        mall = Malleability(
+            self.runtime_model,
+            kill,
+            free,
+            running,
+            ends,
+            on_change=recharge if ledger is not None else None,
+            room=room,
+        )
+        runs = mall.runs
         accounting = ledger is not None or history is not None
         no_usage = FairshareView()
         no_accuracy: dict[str, tuple[float, ...]] = {}
@@ -269,7 +292,8 @@ class Simulator:
                     if ledger is not None:
                         ledger.end(jid, end)
                     if history is not None:
-                        history.record(done.user, end - done.start_time, done.walltime)
+                        wall = done.req_walltime or done.walltime
+                        history.record(done.user, end - done.start_time, wall)
                 mem = done.mem_kb_per_node
                 for name, cpus in done.nodes:
                     free[name] += cpus
@@ -352,9 +376,11 @@ class Simulator:
                         why = refusal(jid, req.malleable, req.ppn, ppn, ppn)
                         if why is not None:
                             raise PlanRejected(why)
-                        # Its time limit stretches as it would live.
-                        wall = math.ceil(req.walltime * req.ppn / min(ppn, req.ppn))
-                        req = msgspec.structs.replace(req, ppn=ppn, walltime=wall)
+                        # Downtimes are checked against its stretched limit.
+                        wall = start_limit(req.walltime, req.ppn, ppn)
+                        req = msgspec.structs.replace(
+                            req, ppn=ppn, walltime=math.ceil(wall)
+                        )
                 _check_start(jid, names, req.nodes, req.ppn, mem, free, free_mem)
                 if active:
                     span = (now, now + req.walltime)
@@ -426,10 +452,6 @@ class Simulator:
                 f"{len(queue)} job(s) never started (first: {next(iter(queue))}); "
                 "the policy left them waiting on an idle machine"
             )
-        if guests:
-            raise PlanRejected(
-                f"plan shrinks jobs for guests it does not start: {guests}"
-            )
         resized, guest_ids, cpu_s = mall.resized, mall.guests, mall.cpu_s
         return [
             Outcome(
@@ -478,7 +500,26 @@ def _check_downtimes(
     spec: dict[str, NodeSpec],
 ) -> None:
     """The server's rule for reserved CPUs, by count: over its requested time,
-    the job must find its CPUs outside every downtime, or raise.
+    the job must find its CPUs outside every downtime, or raise."""
+    for name in names:
+        left, when = _room(name, span, downtimes, running, free, spec)
+        if left < ppn:
+            raise PlanRejected(
+                f"job {jid}: node {name} would run into a downtime (at {when:.0f})"
+            )
+
+
+def _room(
+    name: str,
+    span: tuple[float, float],
+    downtimes: tuple[ReservationView, ...],
+    running: dict[int, RunningView],
+    free: dict[str, int],
+    spec: dict[str, NodeSpec],
+    exclude: int = -1,
+) -> tuple[int, float]:
+    """The fewest CPUs of node ``name`` outside every downtime over ``span``
+    that no running job holds (``exclude``'s own count as free), and when.
 
     Now, that is the free CPUs less those a downtime holds. Later, busy CPUs
     only drop (jobs end by their requested times, an overdue one counts as
@@ -486,30 +527,27 @@ def _check_downtimes(
     downtime start inside the span.
     """
     now, until = span
-    for name in names:
-        windows = [
-            (r.start, r.end, cpus)
-            for r in downtimes
-            for node, cpus in r.nodes
-            if node == name and r.start < until and r.end > now
-        ]
-        if not windows:
-            continue
-        for t in {now, *(start for start, _, _ in windows if start > now)}:
-            held = sum(c for start, end, c in windows if start <= t < end)
-            if t == now:
-                left = free[name] - held
-            else:
-                busy = sum(
-                    cpus
-                    for r in running.values()
-                    if r.expected_end(now) > t
-                    for node, cpus in r.nodes
-                    if node == name
-                )
-                left = spec[name].cpus - busy - held
-            if left < ppn:
-                raise PlanRejected(
-                    f"job {jid}: node {name} would run into a downtime "
-                    f"({held} CPUs reserved at {t:.0f})"
-                )
+    own = sum(c for n, c in running[exclude].nodes if n == name) if exclude >= 0 else 0
+    windows = [
+        (r.start, r.end, cpus)
+        for r in downtimes
+        for node, cpus in r.nodes
+        if node == name and r.start < until and r.end > now
+    ]
+    least, when = free[name] + own, now
+    for t in {now, *(start for start, _, _ in windows if start > now)}:
+        held = sum(c for start, end, c in windows if start <= t < end)
+        if t == now:
+            left = free[name] + own - held
+        else:
+            busy = sum(
+                cpus
+                for r in running.values()
+                if r.id != exclude and r.expected_end(now) > t
+                for node, cpus in r.nodes
+                if node == name
+            )
+            left = spec[name].cpus - busy - held
+        if left < least:
+            least, when = left, t
+    return least, when

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -34,6 +35,7 @@ from minibatch.core.resize import (
     new_limit,
     rate,
     refusal,
+    start_limit,
 )
 from minibatch.core.snapshot import Resize, RunningView
 from minibatch.errors import InvalidArgument
@@ -139,9 +141,19 @@ class Malleability:
         free: dict[str, int],
         running: dict[int, RunningView],
         ends: list[tuple[float, int]],
+        on_change: Callable[[int, int, float], None] | None = None,
+        room: Callable[[str, int, float, float], int] | None = None,
     ) -> None:
         self.model, self.kill = model, kill
         self.free, self.running, self.ends = free, running, ends
+        #: Told (job, CPUs, time) after each resize (fairshare charges them).
+        self.on_change = on_change
+        #: (node, job, now, until) -> the CPUs the job may hold on its node
+        #: over [now, until): its own and the free ones, outside downtimes
+        #: (default: no downtimes).
+        self.room = room or (
+            lambda node, jid, now, until: self.free[node] + self.runs[jid].held
+        )
         self.runs: dict[int, Run] = {}
         #: Guest id -> mate id -> CPUs lent, while the guest runs.
         self.borrowed: dict[int, dict[int, int]] = {}
@@ -158,7 +170,7 @@ class Malleability:
     ) -> float:
         """Register a malleable job started with ``ppn`` CPUs; its end."""
         asked = float(req.walltime)
-        limit = new_limit(0.0, asked, asked, 1.0, limit_rate([ppn], req.ppn))
+        limit = start_limit(asked, req.ppn, ppn)
         r = Run(
             node=node,
             held=ppn,
@@ -181,9 +193,9 @@ class Malleability:
             mate = self.runs.get(s.job)
             if mate is None:
                 raise PlanRejected(f"guest {jid}: mate {s.job} is not running")
-            why = refusal(s.job, mate.malleable, mate.held, s.cpus, 0)
-            if why is not None or s.cpus >= mate.held:
-                raise PlanRejected(f"guest {jid}: {why or 'mate does not shrink'}")
+            if s.cpus >= mate.held:
+                raise PlanRejected(f"guest {jid}: mate {s.job} does not shrink")
+            self._check(s.job, mate, s.cpus, now)
         self.borrowed[jid] = {s.job: self.runs[s.job].held - s.cpus for s in shrinks}
         self.guests.add(jid)
         for s in shrinks:
@@ -196,10 +208,27 @@ class Malleability:
         r = self.runs.get(s.job)
         if r is None:
             raise PlanRejected(f"resize of job {s.job}, which is not running")
-        why = refusal(s.job, r.malleable, r.held, s.cpus, self.free[r.node])
+        self._check(s.job, r, s.cpus, now)
+        self._apply(s.job, r, s.cpus, now)
+
+    def _check(self, jid: int, r: Run, cpus: int, now: float) -> None:
+        """The server's rules for a resize, downtimes included (a growth must
+        find its CPUs outside them, a shrink must not stretch the job into
+        one), or raise."""
+        why = refusal(jid, r.malleable, r.held, cpus, cpus)  # the range first
+        if why is None:
+            room = self.room(r.node, jid, now, r.start + self._limit(r, cpus, now))
+            if cpus > r.held:
+                why = refusal(jid, r.malleable, r.held, cpus, room - r.held)
+            elif room < cpus:
+                why = f"job {jid} on {cpus} CPUs would run into a downtime"
         if why is not None:
             raise PlanRejected(why)
-        self._apply(s.job, r, s.cpus, now)
+
+    def _limit(self, r: Run, cpus: int, now: float) -> float:
+        before = limit_rate([r.held], r.ppn)
+        after = limit_rate([cpus], r.ppn)
+        return new_limit(now - r.start, r.limit, r.asked, before, after)
 
     def _apply(self, jid: int, r: Run, cpus: int, now: float) -> None:
         if cpus == r.held:
@@ -207,9 +236,7 @@ class Malleability:
         r.work -= (now - r.since) * r.rate
         r.cpu_s += (now - r.since) * r.held
         r.since = now
-        before = limit_rate([r.held], r.ppn)
-        after = limit_rate([cpus], r.ppn)
-        r.limit = new_limit(now - r.start, r.limit, r.asked, before, after)
+        r.limit = self._limit(r, cpus, now)
         self.free[r.node] += r.held - cpus
         r.held, r.rate = cpus, rate([cpus], r.ppn, self.model)
         self.resized[jid] = self.resized.get(jid, 0) + 1
@@ -219,6 +246,8 @@ class Malleability:
         self.running[jid] = msgspec.structs.replace(
             view, nodes=((r.node, cpus),), walltime=r.limit
         )
+        if self.on_change is not None:
+            self.on_change(jid, cpus, now)
 
     def _end(self, r: Run, now: float) -> float:
         end = r.since + max(0.0, r.work) / r.rate
@@ -249,8 +278,9 @@ class Malleability:
             mate = self.runs.get(mate_id)
             if mate is None or mate.malleable is None:
                 continue
-            target = give_back_target(
-                mate.held, lent, mate.malleable[1], self.free[mate.node]
-            )
+            want = min(mate.malleable[1], mate.held + lent)
+            until = mate.start + self._limit(mate, want, now)
+            room = self.room(mate.node, mate_id, now, until) - mate.held
+            target = give_back_target(mate.held, lent, mate.malleable[1], room)
             if target > mate.held:
                 self._apply(mate_id, mate, target, now)

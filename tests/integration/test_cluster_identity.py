@@ -171,10 +171,13 @@ def test_a_user_resizes_their_own_malleable_job_and_no_one_elses(
     mine = reply["display"]
     c.wait_state(mine, "running")
     (proc,) = c.wait_for(lambda: c.job_procs(mine), what="the job's process")
-    kind, value = as_nobody(c.endpoint, Alter(selector=mine, ncpus=3))
-    assert (kind, value[0]) == ("error", 8), value  # outside its range
+    kind, value = as_nobody(c.endpoint, Alter(selector=mine, ncpus=0))
+    assert (kind, value[0]) == ("error", 8), value  # below its range
     kind, value = as_nobody(c.endpoint, Alter(selector=mine, ncpus=1))
     assert kind == "ok", value
     record = c.wait_resizes(mine, 1)
     assert record["resizes"][0]["cause"] == "qalter by nobody"
     assert proc.cpu_affinity() == record["cpus"] and len(record["cpus"]) == 1
+    # Growing takes CPUs ahead of the queue: operators only.
+    kind, value = as_nobody(c.endpoint, Alter(selector=mine, ncpus=2))
+    assert (kind, value[0]) == ("error", 7), value

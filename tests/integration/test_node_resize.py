@@ -158,3 +158,26 @@ def test_cpuset_file_and_signal_names(tmp_path):
     assert resizer.parse_signal("none") is None
     with pytest.raises(ValueError, match="unknown signal"):
         resizer.parse_signal("USR9")
+
+
+async def test_a_repeated_resize_is_answered_again_and_an_ending_job_refuses(
+    node: Harness,
+):
+    assert len(CPUS) >= 2, "the resize tests need two CPUs"
+    node.tracker.launch(node.spec(1, argv=["sleep", "30"], cpus=CPUS[:2]))
+    started = await node.started(1)
+    node.tracker.resize(1, [CPUS[0]], 60.0, seq=1)
+    # The same number again (a server that restarted): answered, not redone,
+    # even if it names other CPUs.
+    node.tracker.resize(1, CPUS[:2], 60.0, seq=1)
+    answers = [r for r in node.reports if isinstance(r, JobResized)]
+    assert [(r.seq, r.cpus, r.error) for r in answers] == [
+        (1, [CPUS[0]], ""),
+        (1, [CPUS[0]], ""),
+    ]
+    assert os.sched_getaffinity(started.pid) == {CPUS[0]}
+    node.tracker.kill(1, JobResult.CANCELLED)
+    node.tracker.resize(1, CPUS[:2], 60.0, seq=2)
+    last = [r for r in node.reports if isinstance(r, JobResized)][-1]
+    assert (last.seq, last.cpus) == (2, [CPUS[0]]) and "ending" in last.error
+    await node.ended(1)

@@ -16,13 +16,22 @@ from minibatch.core.job import (
 )
 from minibatch.core.resize import RuntimeModel, new_limit, rate, refusal
 from minibatch.core.snapshot import Plan, Resize, Start
-from minibatch.errors import InvalidArgument
-from minibatch.protocol.messages import JobResized, Launch, NodeHello, ResizeJob
-from minibatch.server import liveness, malleable
+from minibatch.errors import InvalidArgument, PermissionDenied
+from minibatch.protocol.messages import (
+    Alter,
+    JobResized,
+    Launch,
+    NodeHello,
+    ResizeJob,
+    SetReservation,
+)
+from minibatch.server import booking, handlers, liveness, malleable
+from minibatch.server.access import Context
 from minibatch.server.state import ServerState
 from minibatch.server.submit import Caller
 
 ME = Caller(uid=1000, gid=1000, pid=1)
+ROOT = Caller(uid=0, gid=0, pid=1)
 ENV = {"HOME": "/home/alice", "PATH": "/usr/bin"}
 
 
@@ -119,6 +128,18 @@ def running(state: ServerState, cpus: int, rng, node: str = "n0", walltime=100):
     return job
 
 
+def qalter(
+    state: ServerState,
+    job,
+    ncpus: int,
+    caller: Caller = ROOT,
+    selector_suffix: str = "",
+    **kw,
+) -> None:
+    msg = Alter(selector=f"{job.id}{selector_suffix}", ncpus=ncpus, **kw)
+    handlers.alter(state, Context(owner_uid=0), caller, b"", msg)
+
+
 def sent(state: ServerState, kind: type) -> list:
     return [m for _, m in state.outbox if isinstance(m, kind)]
 
@@ -135,7 +156,7 @@ def test_qalter_shrinks_and_grows_a_running_job(server_state, clock):
     job = running(server_state, 2, (1, 2))
     server_state.outbox.clear()
     clock.t += 10
-    server_state.alter(job, None, None, 1, by="alice")
+    qalter(server_state, job, 1, ME)  # its owner may shrink it
     assert job.alloc[0].cpus == [0]
     assert server_state.nodes.nodes["n0"].free_cpus() == [1]
     (msg,) = sent(server_state, ResizeJob)
@@ -143,14 +164,16 @@ def test_qalter_shrinks_and_grows_a_running_job(server_state, clock):
     assert job.resizing and not job.resizes  # pending until the node answers
     ack(server_state, job)
     assert [(r.before, r.after, r.cause) for r in job.resizes] == [
-        ([0, 1], [0], "qalter by alice")
+        ([0, 1], [0], f"qalter by {ME.user}")
     ]
     assert job.resizes[0].time == 1005.0 and not job.resizing
     topics = [t for t, _ in server_state.events]
     assert f"jobs/{job.id}/resized" in topics
     ack(server_state, job)  # a repeat is a no-op
     assert len(job.resizes) == 1
-    server_state.alter(job, None, None, 2)
+    with pytest.raises(PermissionDenied, match="only operators may grow"):
+        qalter(server_state, job, 2, ME)
+    qalter(server_state, job, 2)  # an operator may
     assert job.alloc[0].cpus == [0, 1]
 
 
@@ -163,17 +186,17 @@ def test_refused_resizes_change_nothing(server_state, target, message):
     running(server_state, 1, (1, 1))  # takes the node's other CPU
     server_state.outbox.clear()
     with pytest.raises(InvalidArgument, match=message):
-        server_state.alter(job, None, None, target)
+        qalter(server_state, job, target)
     assert job.alloc[0].cpus == [0] and not job.resizing and not server_state.outbox
 
 
 def test_rigid_pending_and_other_fields_cannot_be_resized(server_state):
     rigid = running(server_state, 1, None)
     with pytest.raises(InvalidArgument, match="only pending jobs"):
-        server_state.alter(rigid, None, None, 2)
+        qalter(server_state, rigid, 2)
     job = running(server_state, 1, (1, 2), node="n1")
     with pytest.raises(InvalidArgument, match="only its ncpus"):
-        server_state.alter(job, "new", None, 1)
+        qalter(server_state, job, 1, name="new")
     server_state.cancel(job)  # exiting now
     assert "is exiting, not running" in malleable.check(server_state, job, 2)
 
@@ -181,7 +204,7 @@ def test_rigid_pending_and_other_fields_cannot_be_resized(server_state):
 def test_the_latest_answer_stands_for_the_resizes_before_it(server_state):
     job = running(server_state, 2, (1, 2))
     for target in (1, 2, 1):
-        server_state.alter(job, None, None, target)
+        qalter(server_state, job, target)
     assert [r.seq for r in job.resizing] == [1, 2, 3]
     malleable.acknowledged(
         server_state, JobResized(job=job.id, cpus=[0], time=7.0, seq=1)
@@ -194,7 +217,7 @@ def test_the_latest_answer_stands_for_the_resizes_before_it(server_state):
 
 def test_a_refused_mask_leaves_the_job_on_what_the_node_reports(server_state):
     job = running(server_state, 1, (1, 2))
-    server_state.alter(job, None, None, 2)
+    qalter(server_state, job, 2)
     malleable.acknowledged(
         server_state,
         JobResized(job=job.id, cpus=[0], time=1.0, error="EINVAL", seq=1),
@@ -247,7 +270,7 @@ def test_a_guest_that_cannot_start_leaves_its_mates_alone(server_state):
 
 def test_pending_resizes_are_sent_again_when_the_node_says_hello(server_state):
     job = running(server_state, 2, (1, 2))
-    server_state.alter(job, None, None, 1)
+    qalter(server_state, job, 1)
     server_state.outbox.clear()
     node = server_state.nodes.nodes["n0"]
     liveness.hello(
@@ -259,3 +282,65 @@ def test_pending_resizes_are_sent_again_when_the_node_says_hello(server_state):
     )
     (msg,) = sent(server_state, ResizeJob)
     assert msg.cpus == [0] and job.state is JobState.RUNNING
+
+
+def test_an_answer_for_a_job_being_killed_frees_nothing(server_state):
+    job = running(server_state, 2, (1, 2))
+    qalter(server_state, job, 1)
+    other = queued(server_state, 1, None)
+    assert server_state.start(other.id, ("n0",)) is None  # on the freed CPU 1
+    # The node still runs the job on both CPUs (it is being killed there).
+    malleable.acknowledged(
+        server_state,
+        JobResized(job=job.id, cpus=[0, 1], time=2.0, error="the job is ending", seq=1),
+    )
+    # It keeps what is still its own and is confined to it: no CPU is held twice.
+    assert job.alloc[0].cpus == [0] and other.alloc[0].cpus == [1]
+    (again,) = [m for _, m in server_state.outbox if isinstance(m, ResizeJob)][-1:]
+    assert again.cpus == [0] and again.seq == 2
+    # Gone from the node: nothing changes until its end arrives.
+    malleable.acknowledged(
+        server_state, JobResized(job=job.id, cpus=[], time=3.0, error="gone", seq=2)
+    )
+    assert job.alloc[0].cpus == [0] and server_state.nodes.nodes["n0"].used == {
+        0: job.id,
+        1: other.id,
+    }
+
+
+def test_a_refused_resize_leaves_the_later_ones_in_flight(server_state):
+    job = running(server_state, 2, (1, 2))
+    qalter(server_state, job, 1)
+    qalter(server_state, job, 2)
+    malleable.acknowledged(
+        server_state, JobResized(job=job.id, cpus=[0, 1], time=2.0, error="x", seq=1)
+    )
+    assert [r.seq for r in job.resizing] == [2] and job.alloc[0].cpus == [0, 1]
+    ack(server_state, job)
+    assert [r.seq for r in job.resizes] == [2] and job.resize_seq == 2
+
+
+def test_a_shrink_never_stretches_a_job_into_a_reservation(server_state, clock):
+    job = running(server_state, 2, (1, 2), walltime=100)
+    # Both CPUs of n0 are reserved from t+150: on one CPU the job would need
+    # until t+200.
+    booking.create(
+        server_state,
+        SetReservation(start=clock.t + 150, duration=600.0, nodes=["n0"]),
+        "root",
+    )
+    with pytest.raises(InvalidArgument, match="would run into reservation"):
+        qalter(server_state, job, 1)
+    assert job.alloc[0].cpus == [0, 1] and not job.resizing
+
+
+def test_a_qalter_of_several_running_jobs_changes_nothing(server_state):
+    first = running(server_state, 1, (1, 2))
+    second = running(server_state, 1, (1, 2), node="n1")
+    assert first.array_id is None
+    # Two running jobs by one selector: an array whose tasks run.
+    first.array_id = second.array_id = first.id
+    server_state.arrays[first.id] = [first.id, second.id]
+    with pytest.raises(InvalidArgument, match="one at a time"):
+        qalter(server_state, first, 2, selector_suffix="[]")
+    assert not first.resizing and not second.resizing

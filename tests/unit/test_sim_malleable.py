@@ -10,7 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minibatch.core.resize import RuntimeModel
-from minibatch.core.snapshot import ClusterSnapshot, Plan, Resize, Start
+from minibatch.core.snapshot import (
+    ClusterSnapshot,
+    Plan,
+    ReservationView,
+    Resize,
+    Start,
+)
 from minibatch.errors import InvalidArgument
 from minibatch.policy.backfill import Easy
 from minibatch.policy.sd import SlowdownDriven
@@ -189,3 +195,48 @@ def test_the_synthetic_workload_of_the_sd_experiment():
     assert 0.8 < offered < 1.25
     assert all(j.req_time == j.run_time for j in synthetic(7, 100, exact=True))
     assert "sd" in describe_all()
+
+
+def test_growth_keeps_out_of_downtimes_as_the_server_does():
+    m = Machine.pool(4)
+    jobs = [
+        mall(1, 0, 100, 4, 2, 4, req=100, machine=m),
+        mall(2, 1, 25, 2, 1, 2, req=50, machine=m),
+    ]
+    down = ReservationView(name="down", start=105, end=400, nodes=(("pool", 2),))
+
+    def plan(snap: ClusterSnapshot) -> Plan:
+        if snap.now == 0:
+            return Plan(generation=snap.generation, starts=[Start(1, ("pool",))])
+        return Plan(
+            generation=snap.generation,
+            resizes=[Resize(1, 2, guest=2)],
+            starts=[Start(2, ("pool",))],
+        )
+
+    out = by_id(Simulator(Cheat(plan), m, jobs, reservations=[down]).run())
+    # When job 2 ends, job 1 does not grow back: on four CPUs it would still
+    # run at 105, where the downtime leaves two.
+    assert out[1].resizes == 1 and out[2].guest
+    assert out[1].end == 1 + 99 * 2  # its work at half speed from t=1
+
+
+def test_a_shrink_into_a_downtime_is_a_policy_bug():
+    m = Machine.pool(4)
+    jobs = [
+        mall(1, 0, 100, 4, 1, 4, req=100, machine=m),
+        mall(2, 1, 25, 3, 1, 3, req=50, machine=m),
+    ]
+    down = ReservationView(name="down", start=120, end=400, nodes=(("pool", 4),))
+
+    def plan(snap: ClusterSnapshot) -> Plan:
+        if snap.now == 0:
+            return Plan(generation=snap.generation, starts=[Start(1, ("pool",))])
+        return Plan(
+            generation=snap.generation,
+            resizes=[Resize(1, 1, guest=2)],
+            starts=[Start(2, ("pool",))],
+        )
+
+    with pytest.raises(PlanRejected, match="run into a downtime"):
+        Simulator(Cheat(plan), m, jobs, reservations=[down]).run()
