@@ -338,6 +338,7 @@ async def _node_only(
 def launch_spec(channel: Channel, cpus: list[int], threads: int) -> LaunchSpec:
     """What the server would send the node to start the job on ``cpus``."""
     return LaunchSpec(
+        malleable=True,
         job=1,
         display_id="1",
         name="resize-bench",

@@ -209,8 +209,10 @@ class Launcher:
                 ident,
             )
             argv = self._command(spec, ident)
-            cpuset = self.cpuset_path(spec.job)
-            write_cpuset(cpuset, cpus)
+            cpuset = ""
+            if spec.malleable:
+                cpuset = str(self.cpuset_path(spec.job))
+                write_cpuset(Path(cpuset), cpus)
             env = job_environment(
                 spec,
                 node=self.node,
@@ -218,7 +220,7 @@ class Launcher:
                 ident=ident,
                 cpus=cpus,
                 nodefile=str(nodefile),
-                cpuset_file=str(cpuset),
+                cpuset_file=cpuset,
                 resize_signal=self.resize_signal,
             )
             out_fd, err_fd = self._open_outputs(spec, ident)

@@ -295,6 +295,8 @@ class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
     mem_kb: int | None
     array_id: int | None = None
     array_index: int | None = None
+    #: Its CPUs may change while it runs: it gets ``$MB_CPUSET_FILE``.
+    malleable: bool = False
 
 
 class Launch(_Msg, frozen=True, kw_only=True, tag="launch"):

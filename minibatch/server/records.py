@@ -32,6 +32,7 @@ def launch_spec(job: Job) -> LaunchSpec:
         mem_kb=mem_per_node(job.request),
         array_id=job.array_id,
         array_index=job.array_index,
+        malleable=job.request.malleable is not None,
     )
 
 

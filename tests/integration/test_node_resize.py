@@ -72,7 +72,7 @@ def masks(pid: int) -> dict[int, set[int]]:
 
 async def test_resize_moves_every_thread_writes_the_file_and_signals(node: Harness):
     assert len(CPUS) >= 2, "the resize tests need two CPUs"
-    spec = node.spec(1, argv=[sys.executable, "-c", JOB], cpus=CPUS[:2])
+    spec = node.spec(1, argv=[sys.executable, "-c", JOB], cpus=CPUS[:2], malleable=True)
     node.tracker.launch(spec)
     started = await node.started(1)
     ready = await wait_file(node.workdir / "ready")
@@ -164,7 +164,8 @@ async def test_a_repeated_resize_is_answered_again_and_an_ending_job_refuses(
     node: Harness,
 ):
     assert len(CPUS) >= 2, "the resize tests need two CPUs"
-    node.tracker.launch(node.spec(1, argv=["sleep", "30"], cpus=CPUS[:2]))
+    spec = node.spec(1, argv=["sleep", "30"], cpus=CPUS[:2], malleable=True)
+    node.tracker.launch(spec)
     started = await node.started(1)
     node.tracker.resize(1, [CPUS[0]], 60.0, seq=1)
     # The same number again (a server that restarted): answered, not redone,

@@ -90,6 +90,7 @@ async def test_environment_and_output_files(node: Harness) -> None:
     assert {k: env.get(k) for k in expected} == expected
     for key in ("HOME", "USER", "LOGNAME", "SHELL", "PBS_NODEFILE"):
         assert env.get(key)
+    assert "MB_CPUSET_FILE" not in env  # a rigid job's CPUs never change
     nodefile = lines[lines.index("NODEFILE") + 1 :]
     assert nodefile == ["hostA"] * len(cpus) + ["hostB"] * len(cpus)
     assert not list(node.spool.iterdir())  # spool files are removed at the end
