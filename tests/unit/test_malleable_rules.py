@@ -227,17 +227,22 @@ def test_a_refused_mask_leaves_the_job_on_what_the_node_reports(server_state):
     assert server_state.nodes.nodes["n0"].free_cpus() == [1]
 
 
-def test_a_guest_starts_on_cpus_its_mate_gives_and_returns_them(server_state, clock):
-    mate = running(server_state, 2, (1, 2))
-    running(server_state, 2, None, node="n1")
-    guest = queued(server_state, 2, (1, 2), walltime=50)
-    server_state.outbox.clear()
+def guest_on_one_lent_cpu(state: ServerState, mate, guest):
+    """A plan that starts ``guest`` on n0 with one CPU ``mate`` lends."""
+    state.outbox.clear()
     plan = Plan(
         generation=0,
         resizes=[Resize(mate.id, 1, guest=guest.id)],
         starts=[Start(guest.id, ("n0",), ppn=1)],
     )
-    started, rejected = malleable.apply_plan(server_state, plan)
+    return malleable.apply_plan(state, plan)
+
+
+def test_a_guest_starts_on_cpus_its_mate_gives_and_returns_them(server_state, clock):
+    mate = running(server_state, 2, (1, 2))
+    running(server_state, 2, None, node="n1")
+    guest = queued(server_state, 2, (1, 2), walltime=50)
+    started, rejected = guest_on_one_lent_cpu(server_state, mate, guest)
     assert started == [guest.id] and not rejected
     # The node hears of the shrink before the guest's launch.
     kinds = [type(m) for _, m in server_state.outbox]
@@ -255,13 +260,7 @@ def test_a_guest_starts_on_cpus_its_mate_gives_and_returns_them(server_state, cl
 def test_a_guest_that_cannot_start_leaves_its_mates_alone(server_state):
     mate = running(server_state, 2, (1, 2))
     guest = queued(server_state, 2, (2, 2))
-    server_state.outbox.clear()
-    plan = Plan(
-        generation=0,
-        resizes=[Resize(mate.id, 1, guest=guest.id)],
-        starts=[Start(guest.id, ("n0",), ppn=1)],
-    )
-    started, rejected = malleable.apply_plan(server_state, plan)
+    started, rejected = guest_on_one_lent_cpu(server_state, mate, guest)
     assert not started and "fewer than 2" in rejected[guest.id]
     assert mate.alloc[0].cpus == [0, 1] and not server_state.outbox
     assert server_state.nodes.nodes["n0"].used == {0: mate.id, 1: mate.id}

@@ -197,6 +197,22 @@ def test_the_synthetic_workload_of_the_sd_experiment():
     assert "sd" in describe_all()
 
 
+def lend_at_one(mate_cpus: int):
+    """Start job 1 at 0; at 1, start job 2 on CPUs job 1 lends, down to
+    ``mate_cpus``."""
+
+    def plan(snap: ClusterSnapshot) -> Plan:
+        if snap.now == 0:
+            return Plan(generation=snap.generation, starts=[Start(1, ("pool",))])
+        return Plan(
+            generation=snap.generation,
+            resizes=[Resize(1, mate_cpus, guest=2)],
+            starts=[Start(2, ("pool",))],
+        )
+
+    return plan
+
+
 def test_growth_keeps_out_of_downtimes_as_the_server_does():
     m = Machine.pool(4)
     jobs = [
@@ -205,15 +221,7 @@ def test_growth_keeps_out_of_downtimes_as_the_server_does():
     ]
     down = ReservationView(name="down", start=105, end=400, nodes=(("pool", 2),))
 
-    def plan(snap: ClusterSnapshot) -> Plan:
-        if snap.now == 0:
-            return Plan(generation=snap.generation, starts=[Start(1, ("pool",))])
-        return Plan(
-            generation=snap.generation,
-            resizes=[Resize(1, 2, guest=2)],
-            starts=[Start(2, ("pool",))],
-        )
-
+    plan = lend_at_one(mate_cpus=2)
     out = by_id(Simulator(Cheat(plan), m, jobs, reservations=[down]).run())
     # When job 2 ends, job 1 does not grow back: on four CPUs it would still
     # run at 105, where the downtime leaves two.
@@ -229,14 +237,5 @@ def test_a_shrink_into_a_downtime_is_a_policy_bug():
     ]
     down = ReservationView(name="down", start=120, end=400, nodes=(("pool", 4),))
 
-    def plan(snap: ClusterSnapshot) -> Plan:
-        if snap.now == 0:
-            return Plan(generation=snap.generation, starts=[Start(1, ("pool",))])
-        return Plan(
-            generation=snap.generation,
-            resizes=[Resize(1, 1, guest=2)],
-            starts=[Start(2, ("pool",))],
-        )
-
     with pytest.raises(PlanRejected, match="run into a downtime"):
-        Simulator(Cheat(plan), m, jobs, reservations=[down]).run()
+        Simulator(Cheat(lend_at_one(mate_cpus=1)), m, jobs, reservations=[down]).run()
