@@ -17,9 +17,12 @@ end. CPUs a shrink frees are free at once: messages to one node are handled in
 the order sent, so a guest launched after its mates' shrinks never shares a CPU
 with them.
 
-A refused ``JobResized`` (the kernel would not take the mask) leaves the job on
-the CPUs the node reports; those not taken meanwhile by another job are its
-again, and a comment says what happened.
+A refused ``JobResized`` (the kernel would not take the mask, or the job is
+ending there) leaves later resizes in flight; with none, the job keeps the CPUs
+the node reports that no other job took meanwhile, gets its limit back, and is
+confined to those with a new resize if some were taken; a comment says what
+happened. Who may ask for a resize (``qalter``: owners shrink, operators also
+grow) is the request handler's business.
 """
 
 from __future__ import annotations
@@ -227,11 +230,12 @@ def apply_plan(state: ServerState, plan: Plan) -> tuple[list[int], dict[int, str
             groups.setdefault(r.guest, []).append(r)
             continue
         job = state.jobs.get(r.job)
-        why = (
-            f"job {r.job} is not running"
-            if job is None
-            else resize(state, job, r.cpus, f"{state.policy.name}: plan")
-        )
+        if job is None:
+            why: str | None = f"job {r.job} is not running"
+        else:
+            held = len(job.alloc[0].cpus) if job.alloc else 0
+            what = "idle CPUs" if r.cpus > held else "CPUs for the queue"
+            why = resize(state, job, r.cpus, f"{state.policy.name}: {what}")
         if why is not None:
             rejected[r.job] = why
     for start in plan.starts:
