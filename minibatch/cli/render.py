@@ -181,6 +181,15 @@ def _full_attrs(job: Job, now: float) -> list[tuple[str, str | None]]:
             format_duration(limit_of(job)) if job.time_limit else None,
         ),
         ("resize_history", "; ".join(resize_history(job)) or None),
+        (
+            "resize_pending",
+            "; ".join(
+                f"{len(r.before)}->{len(r.after)} CPUs since "
+                f"{time.strftime('%H:%M:%S', time.localtime(r.time))}"
+                for r in job.resizing
+            )
+            or None,
+        ),
         ("Variable_List", origin or None),
         ("euser", job.user),
         ("egroup", job.group or None),

@@ -191,9 +191,10 @@ def _resize_target(
         )
     held = len(job.alloc[0].cpus) if job.alloc else 0
     if msg.ncpus > held and not ctx.is_operator(caller):
+        cpus = "1 CPU" if held == 1 else f"{held} CPUs"
         raise PermissionDenied(
             f"only operators may grow a running job; you may shrink job "
-            f"{job.display_id} (it holds {held} CPUs)"
+            f"{job.display_id} (it holds {cpus})"
         )
     why = malleable.check(state, job, msg.ncpus)
     if why is not None:

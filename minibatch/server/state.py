@@ -20,6 +20,7 @@ from minibatch.config import Config
 from minibatch.core.job import (
     ACTIVE_STATES,
     PENDING_STATES,
+    Allocation,
     Job,
     JobRequest,
     JobResult,
@@ -436,10 +437,15 @@ class ServerState:
             self.history.job_ended(job)
             self.freed = True
         job.reason, job.predicted_start = "", None
-        job.resizing = []
         if comment:
             job.comment = comment
         self.nodes.release(job.id, job.alloc)
+        if job.resizing:
+            # Resizes the node never confirmed did not happen, as far as anyone
+            # knows: accounting keeps what it held before the first of them.
+            first = job.resizing[0]
+            job.alloc = [Allocation(first.node, first.before)]
+            job.time_limit, job.resizing = first.limit, []
         if was_active and job.borrowed:
             malleable.give_back(self, job)
         self._unindex(job)

@@ -89,9 +89,16 @@ def select(state: ServerState, selector: str, *, finished: bool = True) -> list[
             tasks += state.store.finished_in_array(jid)
         found = [j for j in tasks if j.array_index == int(index)]
     else:
-        job = state.jobs.get(jid) or (
-            state.store.is_finished(jid) if finished else None
-        )
+        job = state.jobs.get(jid)
+        if job is None:
+            done = state.store.is_finished(jid)
+            if done is not None and not finished:
+                # Known, so "unknown" would name the wrong problem.
+                raise InvalidArgument(
+                    f"job {done.display_id} has finished "
+                    f"({done.result.value if done.result else 'ended'})"
+                )
+            job = done
         found = [job] if job is not None else []
     if not found:
         raise NotFound(f"unknown job id {selector}")

@@ -116,7 +116,7 @@ async def test_rigid_and_finished_jobs_cannot_be_resized(cluster: ClusterFactory
     quick = await sh(c, "qsub", "-l", "ncpus=1,malleable=1-2", "--", "true")
     await asyncio.to_thread(c.wait_state, quick, "finished")
     gone = c.run("qalter", "-l", "ncpus=2", quick, check=False)
-    assert gone.returncode != 0 and "unknown job" in gone.stderr
+    assert gone.returncode != 0 and f"job {quick} has finished" in gone.stderr
     assert psutil.pid_exists(c.pids()["server"])
 
 

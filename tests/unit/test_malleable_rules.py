@@ -343,3 +343,22 @@ def test_a_qalter_of_several_running_jobs_changes_nothing(server_state):
     with pytest.raises(InvalidArgument, match="one at a time"):
         qalter(server_state, first, 2, selector_suffix="[]")
     assert not first.resizing and not second.resizing
+
+
+def test_a_job_that_ends_with_a_resize_unanswered_keeps_what_it_held(server_state):
+    job = running(server_state, 2, (1, 2))
+    qalter(server_state, job, 1)
+    assert job.alloc[0].cpus == [0] and job.time_limit > 100
+    server_state.job_ended(job, JobResult.NODE_FAIL, comment="node lost")
+    # The node never confirmed the shrink: accounting keeps both CPUs.
+    assert job.alloc[0].cpus == [0, 1] and not job.resizing
+    assert job.time_limit == 0.0 and not job.resizes
+    assert server_state.nodes.nodes["n0"].used == {}
+
+
+def test_acting_on_a_finished_job_says_it_has_finished(server_state):
+    job = running(server_state, 1, (1, 2))
+    server_state.job_ended(job, JobResult.COMPLETED)
+    with pytest.raises(InvalidArgument, match=f"job {job.id} has finished"):
+        qalter(server_state, job, 2)
+    assert server_state.select(str(job.id))[0].result is JobResult.COMPLETED
