@@ -211,8 +211,16 @@ class Tracker:
             )
             return
         physical = self.launcher.physical_cpus(cpus)
+        # The last read of the tree (the one that found no new thread) is also
+        # who is told: one /proc scan less per resize.
+        tree: list[int] = []
+
+        def read_tree() -> list[int]:
+            tree[:] = self._tree_now(run)
+            return tree
+
         try:
-            moved = resizer.set_mask(lambda: self._tree_now(run), physical)
+            moved = resizer.set_mask(read_tree, physical)
         except resizer.ResizeRefused as exc:
             log.warning("job %s: resize refused: %s", run.spec.display_id, exc)
             self._emit(
@@ -227,7 +235,7 @@ class Tracker:
             resizer.write_cpuset(self.launcher.cpuset_path(job), physical)
         except OSError as exc:
             log.warning("job %s: cannot write its CPU list: %s", job, exc)
-        signalled = resizer.notify(self._tree_now(run), self.launcher.signal)
+        signalled = resizer.notify(tree, self.launcher.signal)
         self._arm_walltime(run, time_limit)
         log.info(
             "job %s: resized to CPUs %s (%d threads moved, %d processes told)",
