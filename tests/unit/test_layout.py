@@ -239,7 +239,9 @@ FAKES = {
     "fake_mb_scheduler": """
         import os, pathlib, time
         run = pathlib.Path(os.environ["MB_HOME"]) / "run"
-        (run / "up-scheduler").write_text(str(os.getpid()))
+        # Written then renamed: the fake server must never read half a file.
+        (run / ".up-scheduler").write_text(str(os.getpid()))
+        (run / ".up-scheduler").rename(run / "up-scheduler")
         time.sleep(600)
     """,
     "fake_mb_node": """
@@ -251,7 +253,8 @@ FAKES = {
         if name == "stubborn":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         (run / f"args-{name}").write_text(json.dumps(sys.argv[1:]))
-        (run / f"up-{name}").write_text(str(os.getpid()))
+        (run / f".up-{name}").write_text(str(os.getpid()))
+        (run / f".up-{name}").rename(run / f"up-{name}")
         time.sleep(600)
     """,
 }
