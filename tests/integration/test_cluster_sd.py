@@ -112,6 +112,7 @@ async def test_sd_shrinks_a_mate_for_a_guest_and_expands_it_back(
     during = statistics.median(rates(lines, "1")[1:])
     after = statistics.median(rates(lines[mark:], "2")[1:])
     assert during < 0.8 * max(before, after), (before, during, after)
+    assert after > during, (before, during, after)
     acct = c.run("mb", "acct", "-j", mate, "-o", "JobID,Resizes,Malleable").stdout
     assert acct.split()[-2:] == ["2", "1-2"]
     for jid in mates:
