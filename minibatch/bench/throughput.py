@@ -25,6 +25,7 @@ from __future__ import annotations
 import compileall
 import contextlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -169,7 +170,8 @@ def command_wall_ms(args: list[str], env: dict[str, str], runs: int) -> float:
 def fresh_cluster(
     layout: list[layouts.NodeLayout],
 ) -> Iterator[tuple[Paths, lifecycle.UpReport]]:
-    """A new cluster of ``layout`` in a temporary ``MB_HOME``, stopped on leaving.
+    """A new cluster of ``layout`` in a temporary ``MB_HOME``, stopped and
+    removed on leaving.
 
     ``MB_HOME`` names it meanwhile, so what this process starts finds it.
     """
@@ -184,6 +186,8 @@ def fresh_cluster(
             os.environ.pop("MB_HOME", None)
         else:
             os.environ["MB_HOME"] = old_home
+        if not lifecycle.running(paths):
+            shutil.rmtree(paths.home, ignore_errors=True)
 
 
 def run(
