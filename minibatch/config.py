@@ -209,10 +209,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             self.fairshare.usage_config()
         except ValueError as exc:
             raise InvalidArgument(f"[fairshare]: {exc}") from None
-        from minibatch.node.resizer import parse_signal
+        from minibatch.malleable import signal_named
 
         try:
-            parse_signal(self.node.resize_signal)
+            signal_named(self.node.resize_signal)
         except ValueError as exc:
             raise InvalidArgument(f"[node] resize_signal: {exc}") from None
 

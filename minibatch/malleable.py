@@ -93,23 +93,37 @@ def current_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def resize_signal() -> signal.Signals | None:
-    """The signal that announces a resize, from ``$MB_RESIZE_SIGNAL``.
+def signal_named(name: str) -> signal.Signals | None:
+    """``USR1``, ``SIGUSR2`` or ``12`` -> the signal; ``none`` or "" -> None.
 
-    ``USR1``, ``SIGUSR2`` or ``12``; unset means ``SIGUSR1``; ``none``, None.
+    The node daemon reads its ``resize_signal`` setting with this too.
+
+    Raises:
+        ValueError: if ``name`` names no signal.
+    """
+    text = name.strip().upper()
+    if text in ("", "NONE"):
+        return None
+    try:
+        if text.isdigit():
+            return signal.Signals(int(text))
+        return signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+    except (KeyError, ValueError):
+        raise ValueError(f"unknown signal {name!r} (e.g. USR1, USR2 or none)") from None
+
+
+def resize_signal() -> signal.Signals | None:
+    """The signal that announces a resize, from ``$MB_RESIZE_SIGNAL`` (unset:
+    ``SIGUSR1``; see :func:`signal_named`).
 
     Raises:
         ValueError: if the variable names no signal.
     """
-    name = os.environ.get(SIGNAL_VAR, "USR1").strip().upper()
-    if name in ("", "NONE"):
-        return None
+    name = os.environ.get(SIGNAL_VAR, "USR1")
     try:
-        if name.isdigit():
-            return signal.Signals(int(name))
-        return signal.Signals[name if name.startswith("SIG") else "SIG" + name]
-    except (KeyError, ValueError):
-        raise ValueError(f"{SIGNAL_VAR}={name!r} names no signal") from None
+        return signal_named(name)
+    except ValueError:
+        raise ValueError(f"{SIGNAL_VAR}={name.strip()!r} names no signal") from None
 
 
 class Resizes:

@@ -88,12 +88,16 @@ def malleable_range(job: Job) -> str | None:
     return None if m is None else f"{m[0]}-{m[1]}"
 
 
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
 def resize_history(job: Job) -> list[str]:
     """One line per resize: ``HH:MM:SS 4->2 CPUs 0-3 -> 0-1 (cause)``."""
     return [
-        f"{time.strftime('%H:%M:%S', time.localtime(r.time))} "
-        f"{len(r.before)}->{len(r.after)} CPUs {format_cpu_list(r.before)} -> "
-        f"{format_cpu_list(r.after)}" + (f" ({r.cause})" if r.cause else "")
+        f"{_clock(r.time)} {len(r.before)}->{len(r.after)} CPUs "
+        f"{format_cpu_list(r.before)} -> {format_cpu_list(r.after)}"
+        + (f" ({r.cause})" if r.cause else "")
         for r in job.resizes
     ]
 
@@ -184,8 +188,7 @@ def _full_attrs(job: Job, now: float) -> list[tuple[str, str | None]]:
         (
             "resize_pending",
             "; ".join(
-                f"{len(r.before)}->{len(r.after)} CPUs since "
-                f"{time.strftime('%H:%M:%S', time.localtime(r.time))}"
+                f"{len(r.before)}->{len(r.after)} CPUs since {_clock(r.time)}"
                 for r in job.resizing
             )
             or None,

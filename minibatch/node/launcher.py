@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minibatch.core.units import format_cpu_list
-from minibatch.node.resizer import parse_signal, write_cpuset
+from minibatch.malleable import signal_named
+from minibatch.node.resizer import write_cpuset
 from minibatch.protocol.messages import LaunchSpec
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -188,7 +189,7 @@ class Launcher:
         #: Told to a job after a resize: its name (the job's environment says
         #: it) and its number (None: no signal).
         self.resize_signal = resize_signal
-        self.signal = parse_signal(resize_signal)
+        self.signal = signal_named(resize_signal)
         self._euid = os.geteuid()
         spool.mkdir(mode=0o755, parents=True, exist_ok=True)
 

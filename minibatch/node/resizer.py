@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -84,7 +83,7 @@ def _restore(moved: dict[int, set[int]]) -> None:
             os.sched_setaffinity(tid, mask)
 
 
-def write_cpuset(path: Path, cpus: list[int], uid: int | None = None) -> None:
+def write_cpuset(path: Path, cpus: list[int]) -> None:
     """Replace ``path`` with the one line ``0-2,5\\n``, atomically."""
     tmp = path.with_name(path.name + ".new")
     with contextlib.suppress(FileNotFoundError):
@@ -92,8 +91,6 @@ def write_cpuset(path: Path, cpus: list[int], uid: int | None = None) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         os.write(fd, (format_cpu_list(cpus) + "\n").encode())
-        if uid is not None:
-            os.fchown(fd, uid, -1)
         os.fchmod(fd, 0o644)
     finally:
         os.close(fd)
@@ -123,18 +120,3 @@ def notify(pids: Iterable[int], sig: int | None) -> list[int]:
                 os.kill(pid, sig)
                 sent.append(pid)
     return sent
-
-
-def parse_signal(name: str) -> int | None:
-    """``USR1``, ``SIGUSR2``, ``10`` -> a signal number; ``none`` -> None."""
-    text = name.strip().upper()
-    if text in ("", "NONE"):
-        return None
-    if text.isdigit():
-        number = int(text)
-        if number in {s.value for s in signal.Signals}:
-            return number
-    else:
-        with contextlib.suppress(KeyError):
-            return signal.Signals[text if text.startswith("SIG") else "SIG" + text]
-    raise ValueError(f"unknown signal {name!r} (e.g. USR1, USR2 or none)")

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from minibatch.core.job import JobResult
+from minibatch.malleable import signal_named
 from minibatch.node import resizer
 from minibatch.protocol.messages import JobResized
 from tests.integration.conftest import Harness, wait_file
@@ -153,11 +154,11 @@ def test_cpuset_file_and_signal_names(tmp_path):
     assert path.read_text() == "0-2,5\n"
     resizer.write_cpuset(path, [3])
     assert path.read_text() == "3\n" and os.listdir(tmp_path) == ["7.cpus"]
-    assert resizer.parse_signal("USR1") == signal.SIGUSR1
-    assert resizer.parse_signal("sigusr2") == signal.SIGUSR2
-    assert resizer.parse_signal("none") is None
+    assert signal_named("USR1") == signal.SIGUSR1
+    assert signal_named("sigusr2") == signal.SIGUSR2
+    assert signal_named("none") is None
     with pytest.raises(ValueError, match="unknown signal"):
-        resizer.parse_signal("USR9")
+        signal_named("USR9")
 
 
 async def test_a_repeated_resize_is_answered_again_and_an_ending_job_refuses(
