@@ -129,6 +129,33 @@ class QosConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         return parse_duration(self.max_walltime)
 
 
+class QueueConfig(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
+):
+    """A queue (``[[queue]]``; Maui's class, Slurm's partition): ``qsub -q NAME``."""
+
+    name: str
+    #: Orders its jobs ahead of lower queues' (PBS queue priority, Maui class
+    #: priority); within a queue, ``qsub -p`` and then submission order.
+    priority: float = 0.0
+    #: The walltime of its jobs that ask for none (seconds or HH:MM:SS).
+    default_walltime: int | str | None = None
+    #: The longest walltime and the most CPUs one job may ask for.
+    max_walltime: int | str | None = None
+    max_cpus: int | None = None
+    #: Who may submit to it (PBS acl_users); empty: everyone.
+    users: list[str] = []
+    #: False: it accepts no new jobs (PBS ``enabled``, qdisable).
+    enabled: bool = True
+    #: False: its jobs stay queued and none starts (PBS ``started``, qstop).
+    started: bool = True
+
+    def seconds(self, value: int | str | None) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        return parse_duration(value)
+
+
 class FairshareConfig(
     msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 ):
@@ -187,6 +214,18 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     default_qos: str = ""
     qos: list[QosConfig] = []
     nodes: list[NodeConfig] = []
+    #: Queues; without any there is one, ``batch``, open to all, without limits.
+    queue: list[QueueConfig] = []
+    #: Where jobs go that name no queue.
+    default_queue: str = "batch"
+    #: Refuse, rather than note and carry on, a job naming a queue or a node
+    #: feature this cluster does not have.
+    strict: bool = False
+    #: Node properties (Torque's nodes file, Slurm's Features) by node name,
+    #: matched by ``nodes=N:PROPERTY`` and ``-C``/``--constraint``.
+    features: dict[str, list[str]] = {}
+    #: GPUs by node name (``nodes=1:gpus=2``, ``--gres=gpu:2``).
+    gpus: dict[str, int] = {}
 
     def check(self) -> None:
         """Refuse values that parse but make no sense, naming the key."""
@@ -201,6 +240,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
                 raise InvalidArgument(
                     f"qos {q.name!r}: max_jobs_per_user must be at least 1"
                 )
+        self._check_queues()
+        if any(n < 0 for n in self.gpus.values()):
+            raise InvalidArgument("[gpus]: counts must not be negative")
         if self.default_qos and self.default_qos not in names:
             raise InvalidArgument(
                 f"default_qos {self.default_qos!r} is not a [[qos]] entry"
@@ -215,6 +257,23 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             signal_named(self.node.resize_signal)
         except ValueError as exc:
             raise InvalidArgument(f"[node] resize_signal: {exc}") from None
+
+    def _check_queues(self) -> None:
+        names = [q.name for q in self.queue]
+        for q in self.queue:
+            if not q.name or names.count(q.name) > 1:
+                raise InvalidArgument(f"[[queue]] names must be unique: {q.name!r}")
+            try:
+                for value in (q.default_walltime, q.max_walltime):
+                    q.seconds(value)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"queue {q.name!r}: {exc}") from None
+            if q.max_cpus is not None and q.max_cpus < 1:
+                raise InvalidArgument(f"queue {q.name!r}: max_cpus must be at least 1")
+        if names and self.default_queue not in names:
+            raise InvalidArgument(
+                f"default_queue {self.default_queue!r} is not a [[queue]] entry"
+            )
 
     def server_endpoint(self, paths: Paths) -> str:
         return self.server.endpoint or f"ipc://{paths.run / 'server.sock'}"

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from minibatch.cli import common, directives
+from minibatch.cli import common, pbsopts
 from minibatch.core.units import parse_duration
 from minibatch.errors import InvalidArgument
 
@@ -53,7 +53,7 @@ def alter_fields(resources: list[str]) -> tuple[int | None, int | None]:
     """``-l`` lists -> (walltime, ncpus); any other resource is an error."""
     walltime = ncpus = None
     for text in resources:
-        for key, value in directives.parse_resource_list(text):
+        for key, value in pbsopts.parse_resource_list(text):
             if key == "walltime":
                 walltime = parse_duration(value)
             elif key == "ncpus":

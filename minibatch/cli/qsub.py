@@ -12,44 +12,66 @@ typer resolves string annotations in module globals, where typer is absent.
 """
 
 import os
-import pwd
 import shlex
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple, NoReturn, TextIO
 
-import msgspec
-
-from minibatch.cli import common, directives
-from minibatch.cli.directives import SubmitOptions
-from minibatch.core.job import JobRequest, JobSpec
-from minibatch.core.resize import check_range
+from minibatch.cli import common, directives, pbsopts
+from minibatch.cli.directives import Context, SubmitOptions
+from minibatch.cli.submission import (
+    build_spec,
+    can_mail,
+    login_name,
+    read_script,
+    submit,
+    wait_for_end,
+)
+from minibatch.core.job import JobSpec
 from minibatch.errors import InvalidArgument
 
 USAGE = """\
-usage: qsub [options] SCRIPT
+usage: qsub [options] SCRIPT [-F "ARGS"]
        qsub [options] -- COMMAND [ARG...]
        qsub [options] < SCRIPT
 
 Submit a batch job and print its id. Options override #PBS/#SBATCH directives.
+Every Torque and PBS Pro option is accepted; those with no effect on one machine
+are recorded (qstat -f shows them) with a note on stderr (docs/compatibility.md).
 
   -N NAME          job name (default: the script's or command's base name)
-  -o PATH          standard output file (default: NAME.oID in the current dir)
-  -e PATH          standard error file (default: NAME.eID)
-  -j oe | n        join standard error into standard output
-  -l LIST          resources: ncpus=N, nodes=N[:ppn=C], select=N:ncpus=C[:mem=S],
-                   mem=SIZE, walltime=[[HH:]MM:]SS (repeatable, comma lists);
-                   qos=NAME (quality of service), advres=NAME (run inside the
-                   advance reservation NAME, see setres), malleable=MIN-MAX
-                   (the job's CPUs may change while it runs, within MIN-MAX)
-  -A ACCOUNT       account to charge (fairshare by account)
-  -W depend=LIST   afterok:ID[:ID...],afternotok:...,afterany:...
+  -o PATH, -e PATH standard output / error file or directory (default: NAME.oID
+                   and NAME.eID where qsub runs; ^array_index^ and $PBS_JOBID
+                   are filled in)
+  -j oe | eo | n   join standard error into standard output (or the reverse)
+  -l LIST          resources: ncpus=N, nodes=N[:ppn=C][:gpus=G][:PROPERTY],
+                   select=N:ncpus=C[:mem=S][:ngpus=G], mem=SIZE, pmem=SIZE,
+                   vmem=SIZE, walltime=[[HH:]MM:]SS, cput=TIME (CPU time of the
+                   whole job), gpus=G, qos=NAME, advres=NAME (run inside that
+                   advance reservation), malleable=MIN-MAX (the job's CPUs may
+                   change while it runs)
+  -q QUEUE         queue (qstat -Q lists them)
+  -A ACCOUNT       account to charge (fairshare and mb acct group by it)
+  -P PROJECT       project (the account when no -A)
+  -W LIST          depend=afterok:ID[:ID],afterokarray:ID[],...; umask=022;
+                   block=true (wait for the job, exit with its status);
+                   group_list=GROUP
+  -a [[[[CC]YY]MM]DD]hhmm[.SS]   not before that time
+  -p PRIORITY      -1024..1023, orders jobs within a queue
+  -r y | n         the job may be rerun (qrerun, a lost node)
+  -S SHELL         run the script with SHELL
+  -d DIR, -w DIR   working directory (default: where qsub runs)
+  -k oe            keep output in the home directory (Torque)
+  -m abe, -M USERS mail on abort, begin, end to USERS (needs sendmail)
   -h               submit on user hold (release with qrls)
-  -t RANGE         job array indices: 1-10, 1,3,5-7, 0-20:2
+  -t RANGE, -J RANGE   job array: 1-10, 1,3,5-7, 0-20:2, 1-100%5 (5 at a time)
   -v LIST          variables for the job: VAR=value,VAR2 (VAR2 from here)
   -V               pass the whole current environment to the job
-  -q QUEUE         queue (only "batch")
-  --help           show this help
+  -F "ARGS"        arguments for the script
+  -C PREFIX        directive prefix (default #PBS, or $PBS_DPREFIX)
+  -z               print nothing
+  --help, --version
 """
 
 #: Typer settings for ``mb qsub`` when registered without :func:`register`.
@@ -60,8 +82,6 @@ CONTEXT_SETTINGS: dict[str, Any] = {
     "allow_interspersed_args": False,
 }
 _ARGV_KEY = "minibatch.qsub.argv"
-#: The submitter's variables PBS passes to every job as PBS_O_<NAME>.
-_ORIGIN_VARS = ("HOME", "LANG", "PATH", "MAIL", "SHELL", "TZ")
 
 
 class QsubArgs(NamedTuple):
@@ -72,141 +92,25 @@ class QsubArgs(NamedTuple):
     #: ``--`` was given, so the operands are a command line rather than a script.
     command: bool
     help: bool
+    version: bool
+    #: ``-C``: the directive prefix ("" = the default).
+    prefix: str
 
 
-def parse_args(argv: list[str], environ: Mapping[str, str]) -> QsubArgs:
+def parse_args(argv: list[str], ctx: Context) -> QsubArgs:
     """Parse the qsub command line (everything after the program name)."""
-    pairs, operands, command = directives.pbs_getopt(argv)
+    pairs, operands, command = pbsopts.getopt(argv)
     opts = SubmitOptions()
+    prefix = ""
     for key, value in pairs:
-        if key != "help":
-            directives.apply_option(opts, key, value, environ)
-    return QsubArgs(opts, operands, command, ("help", "") in pairs)
-
-
-def merge(lower: SubmitOptions, higher: SubmitOptions) -> SubmitOptions:
-    """``higher`` over ``lower``, field by field; ``-v`` variables merge by name.
-
-    A ``nodes=`` or ``ncpus=`` request sets both the node count and the CPUs per
-    node, so a higher layer's replaces a lower one's CPU request whole, as PBS
-    replaces a resource value.
-    """
-    out = SubmitOptions()
-    for name in SubmitOptions.__struct_fields__:
-        low, high = getattr(lower, name), getattr(higher, name)
-        if name == "env":
-            value = {**low, **high}
-        elif name == "slurm":
-            value = low or high
-        else:
-            value = low if high is None else high
-        setattr(out, name, value)
-    return out
-
-
-def to_request(opts: SubmitOptions) -> JobRequest:
-    """The resource request; Slurm tasks go onto the nodes evenly, rounded up."""
-    nodes = opts.nodes or 1
-    if opts.ppn is not None:
-        ppn = opts.ppn
-    elif opts.ntasks is not None or opts.cpus_per_task is not None:
-        ppn = -(-(opts.ntasks or 1) // nodes) * (opts.cpus_per_task or 1)
-    else:
-        ppn = 1
-    request = JobRequest(
-        nodes=nodes, ppn=ppn, mem_kb=opts.mem_kb, malleable=opts.malleable
+        if key == "C":
+            prefix = value.strip()
+        elif not key.startswith("--"):
+            pbsopts.apply(opts, key, value, ctx)
+    flags = {key for key, _ in pairs}
+    return QsubArgs(
+        opts, operands, command, "--help" in flags, "--version" in flags, prefix
     )
-    check_range(request.malleable, request.ppn, request.nodes)
-    if opts.walltime is not None:
-        # Unset stays at JobRequest's default, which the server treats as its own.
-        request = msgspec.structs.replace(request, walltime=opts.walltime)
-    return request
-
-
-def origin_env(
-    environ: Mapping[str, str], *, workdir: str, host: str, user: str
-) -> dict[str, str]:
-    """The PBS_O_* variables PBS gives every job about where it was submitted."""
-    env = {f"PBS_O_{var}": environ[var] for var in _ORIGIN_VARS if var in environ}
-    env.update(
-        PBS_O_WORKDIR=workdir,
-        PBS_O_HOST=host,
-        PBS_O_LOGNAME=user,
-        PBS_O_QUEUE=directives.QUEUE,
-    )
-    return env
-
-
-def _absolute(path: str | None, workdir: str) -> str | None:
-    return None if path is None else os.path.join(workdir, os.path.expanduser(path))
-
-
-def build_spec(
-    opts: SubmitOptions,
-    *,
-    default_name: str,
-    workdir: str,
-    environ: Mapping[str, str],
-    host: str,
-    user: str,
-    script: str | None = None,
-    argv: list[str] | None = None,
-    submit_args: str = "",
-) -> JobSpec:
-    """The JobSpec for the merged options ``opts``.
-
-    Args:
-        opts: Directives and command-line options, already merged.
-        default_name: The name when neither ``-N`` nor a directive gives one.
-        workdir: The job's working directory; relative -o/-e paths start there.
-        environ: The submitter's environment.
-        host: The submit host, for PBS_O_HOST.
-        user: The submitter's login name, for PBS_O_LOGNAME.
-        script: The script's text, or None for a command job.
-        argv: The command for ``qsub -- COMMAND``, or None for a script.
-        submit_args: The qsub arguments, kept for ``qstat -f``.
-    """
-    env = dict(environ) if opts.export_all else {}
-    env.update(origin_env(environ, workdir=workdir, host=host, user=user))
-    env.update(opts.env)
-    join = opts.join
-    if join is None:
-        join = opts.slurm and opts.stderr_path is None
-    return JobSpec(
-        name=opts.name or default_name,
-        workdir=workdir,
-        request=to_request(opts),
-        script=script,
-        argv=argv,
-        env=env,
-        stdout_path=_absolute(opts.stdout_path, workdir),
-        stderr_path=_absolute(opts.stderr_path, workdir),
-        join=join,
-        depends=opts.depends or [],
-        hold=bool(opts.hold),
-        array=opts.array,
-        submit_args=submit_args,
-        account=opts.account or "",
-        qos=opts.qos or "",
-        advres=opts.advres or "",
-    )
-
-
-def _login_name() -> str:
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return str(os.getuid())
-
-
-def _read_script(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError:
-        raise InvalidArgument(f"script {path} is not a text file") from None
-    except OSError as exc:
-        raise InvalidArgument(f"cannot read script {path}: {exc.strerror}") from None
 
 
 def make_spec(
@@ -217,48 +121,56 @@ def make_spec(
     stdin: TextIO | None = None,
     host: str | None = None,
     user: str | None = None,
-) -> JobSpec | None:
-    """The JobSpec for a qsub command line, or None when it asks for ``--help``.
+    now: float | None = None,
+    mail: bool = True,
+) -> tuple[JobSpec, SubmitOptions] | None:
+    """The JobSpec for a qsub command line and the options it came from (notes,
+    ``-z``, ``block``), or None when it asks for ``--help``.
 
     Args:
         argv: The arguments after the program name.
         environ: The submitter's environment (for ``-V``, ``-v VAR`` and PBS_O_*).
-        workdir: The job's working directory, the submitter's current one.
+        workdir: Where qsub runs: the job's working directory unless ``-d``.
         stdin: Read as the script when no script is named and it is not a terminal.
         host: The submit host for PBS_O_HOST (default: this machine's name).
         user: The submitter for PBS_O_LOGNAME (default: the login name).
+        now: The time ``-a`` is read against (default: now).
+        mail: Whether mail can be sent here (otherwise ``-m`` gets a note).
 
     Raises:
         InvalidArgument: anything wrong with the options, the directives or the
             script; nothing has been sent when it is raised.
     """
-    args = parse_args(argv, environ)
-    if args.help:
+    ctx = Context(environ, time.time() if now is None else now, mail)
+    args = parse_args(argv, ctx)
+    if args.help or args.version:
         return None
     host = host or os.uname().nodename
-    user = user or _login_name()
+    user = user or login_name()
     submit_args = shlex.join(argv)
     if args.command:
         if not args.operands:
             raise InvalidArgument("no command after --")
-        return build_spec(
+        spec = build_spec(
             args.options,
             default_name=os.path.basename(args.operands[0]) or "COMMAND",
-            workdir=workdir,
+            cwd=workdir,
             environ=environ,
             host=host,
             user=user,
             argv=list(args.operands),
             submit_args=submit_args,
         )
+        return spec, args.options
     if len(args.operands) > 1:
         raise InvalidArgument(
             f"unexpected argument {args.operands[1]!r} after the script "
-            "(to run a command: qsub [options] -- COMMAND ARGS)"
+            "(to run a command: qsub [options] -- COMMAND ARGS; "
+            'arguments for the script: -F "ARGS")'
         )
     if args.operands:
         source = args.operands[0]
-        text = _read_script(source)
+        text = read_script(source)
         name = os.path.basename(source.rstrip("/")) or source
     elif stdin is not None and not stdin.isatty():
         source = name = "STDIN"
@@ -269,17 +181,30 @@ def make_spec(
         )
     if not text.strip():
         raise InvalidArgument(f"script {source} is empty")
-    script_opts = directives.parse_directives(text, source, environ)
-    return build_spec(
-        merge(script_opts, args.options),
+    prefix = args.prefix or directives.directive_prefix(environ)
+    script_opts = directives.parse_directives(text, source, ctx, prefix=prefix)
+    opts = directives.merge(script_opts, args.options)
+    if (
+        opts.array_option is not None
+        and "-J"
+        in (
+            script_opts.array_option,
+            args.options.array_option,
+        )
+        and "-t" in (script_opts.array_option, args.options.array_option)
+    ):
+        raise InvalidArgument("-J and -t both give an array; use one")
+    spec = build_spec(
+        opts,
         default_name=name,
-        workdir=workdir,
+        cwd=workdir,
         environ=environ,
         host=host,
         user=user,
         script=text,
         submit_args=submit_args,
     )
+    return spec, opts
 
 
 def run(argv: list[str], prog: str = "qsub") -> None:
@@ -289,14 +214,23 @@ def run(argv: list[str], prog: str = "qsub") -> None:
             workdir = os.getcwd()
         except FileNotFoundError:
             raise InvalidArgument("the current directory no longer exists") from None
-        spec = make_spec(argv, environ=os.environ, workdir=workdir, stdin=sys.stdin)
-        if spec is None:
-            print(USAGE, end="")
-            return
-        from minibatch.protocol.messages import Submit
+        made = make_spec(
+            argv, environ=os.environ, workdir=workdir, stdin=sys.stdin, mail=can_mail()
+        )
+        if made is None:
+            if "--version" in argv:
+                from minibatch import __version__
 
-        reply = common.call(Submit(spec=spec))
-    print(reply.display)
+                print(f"qsub (minibatch) {__version__}")
+            else:
+                print(USAGE, end="")
+            return
+        spec, opts = made
+        reply = submit(spec, opts, prog)
+        if not opts.quiet:
+            print(reply.display)
+        if opts.block:
+            wait_for_end(reply.ids, prog)
 
 
 def main() -> NoReturn:

@@ -48,6 +48,8 @@ TRANSITIONS: Final[dict[tuple[JobState, JobState], str]] = {
     (JobState.RUNNING, JobState.EXITING): "kill",
     (JobState.RUNNING, JobState.FINISHED): "end",
     (JobState.EXITING, JobState.FINISHED): "end",
+    # qrerun: the killed run's end puts the job back in the queue, same id.
+    (JobState.EXITING, JobState.QUEUED): "requeue",
     (JobState.QUEUED, JobState.FINISHED): "cancel",
     (JobState.HELD, JobState.FINISHED): "cancel",
     (JobState.WAITING, JobState.FINISHED): "cancel",
@@ -78,6 +80,9 @@ class DependKind(StrEnum):
 class Dependency(msgspec.Struct, frozen=True):
     kind: DependKind
     job: int
+    #: ``afterokarray:5[]`` as submitted: every task of array ``job``. The server
+    #: replaces it by one dependency per task, so stored jobs never have it.
+    whole_array: bool = False
 
 
 def dependency_outcome(dep: Dependency, result: JobResult | None) -> bool | None:
@@ -112,6 +117,64 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
         return self.nodes * self.ppn
 
 
+class JobOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How to run a job beyond what it asks for (qsub/sbatch options).
+
+    Kept apart from :class:`JobRequest`, which the policies and the simulator
+    see: none of these change where or when a job fits, only how the node runs
+    it and what the server tells about it.
+    """
+
+    #: ``-S``: run the script with this interpreter ("" = its ``#!`` line).
+    shell: str = ""
+    #: ``-F`` (Torque): arguments given to the script.
+    script_args: list[str] = []
+    #: ``-r y|n``, ``--requeue``/``--no-requeue``: may be rerun from the start.
+    rerunnable: bool = True
+    #: ``-k``: o/e keep that file in the home directory (Torque), d writes it
+    #: directly (what minibatch always does).
+    keep: str = ""
+    #: ``-W umask=``: the job's umask (None: 077 as PBS, or the mom's default).
+    umask: int | None = None
+    #: ``--open-mode=append``: append to existing output files.
+    append: bool = False
+    #: ``-a``/``--begin``: not eligible before this time (epoch seconds).
+    begin: float | None = None
+    #: ``-p`` (-1024..1023) / ``--nice`` (negated): orders jobs within a queue.
+    priority: int = 0
+    #: ``cput``: CPU-seconds of all its processes together (enforced like walltime).
+    cput: int | None = None
+    #: ``pmem``/``pvmem``: resident and virtual memory of any one process (KB);
+    #: ``vmem``: virtual memory of each process (KB, enforced as RLIMIT_AS).
+    pmem_kb: int | None = None
+    vmem_kb: int | None = None
+    #: ``--signal=[B:]SIG@SECS``: sent this long before the time limit.
+    warn_signal: int = 0
+    warn_seconds: int = 0
+    #: ``B:`` in ``--signal``: only to the batch shell, not every process.
+    warn_shell_only: bool = False
+    #: ``-m``: a (abort) b (begin) e (end), "" = PBS's default (abort).
+    mail_points: str = ""
+    mail_users: list[str] = []
+    #: Node properties (``nodes=2:xe``) and ``-C`` constraints, all required.
+    features: list[str] = []
+    #: Slurm tasks: how many, CPUs each, per node (0: not given).
+    ntasks: int = 0
+    cpus_per_task: int = 0
+    tasks_per_node: int = 0
+    #: ``%N`` in an array range: at most N of its tasks run at once.
+    array_limit: int = 0
+    #: ``-P`` (PBS Pro): the project; the accounting group when no ``-A``.
+    project: str = ""
+    #: ``-W group_list=``: the group the job runs as (one of the user's).
+    group: str = ""
+    #: Options with no effect here, by their PBS attribute or sbatch name, with
+    #: the value given: shown by ``qstat -f`` so nothing asked for is hidden.
+    recorded: dict[str, str] = {}
+    #: Submitted with ``#SBATCH``/sbatch: Slurm's defaults and variables.
+    slurm: bool = False
+
+
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     """A submission as the client sends it (identity is added by the server)."""
 
@@ -133,11 +196,18 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     qos: str = ""
     #: An advance reservation to run inside (``qsub -l advres=NAME``).
     advres: str = ""
+    #: The queue (or Slurm partition) asked for; "" = the default queue.
+    queue: str = ""
+    options: JobOptions = JobOptions()
+    #: False: no walltime was asked for, so the queue's default applies.
+    walltime_given: bool = True
 
 
 class Allocation(msgspec.Struct, frozen=True):
     node: str
     cpus: list[int]
+    #: GPU ids on the node (``CUDA_VISIBLE_DEVICES``).
+    gpus: list[int] = []
 
 
 class ResizeEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -213,6 +283,16 @@ class Job(msgspec.Struct, kw_only=True):
     #: A job started on CPUs taken from running malleable jobs (SD-Policy's
     #: guest): mate job id -> CPUs it gave; they get them back when this ends.
     borrowed: dict[int, int] = {}
+    queue: str = ""
+    options: JobOptions = JobOptions()
+    #: How often it was requeued (``qrerun``, a node lost) before this run.
+    reruns: int = 0
+    #: ``qrerun`` killed it: its end report requeues it (survives a restart).
+    rerun_pending: bool = False
+    #: While it runs: CPU seconds and resident KB of all its processes, as the
+    #: node last sampled them (heartbeats; kept in memory, not stored at each).
+    used_cputime_s: float | None = None
+    used_rss_kb: int | None = None
 
     @property
     def display_id(self) -> str:

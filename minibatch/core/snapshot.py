@@ -69,6 +69,17 @@ class PendingView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     #: Its eligible time is ``now - eligible_since`` (held time excluded);
     #: None: count from ``submit_time`` (the simulator's jobs are never held).
     eligible_since: float | None = None
+    #: The job's queue (Maui's class), that queue's priority, and the job's
+    #: own (``qsub -p``): the queue orders jobs by them before submission time.
+    queue: str = ""
+    queue_priority: float = 0.0
+    user_priority: int = 0
+
+    @property
+    def rank(self) -> tuple[float, int, float, int]:
+        """PBS order: queue priority, then job priority (both highest first),
+        then submission time and id."""
+        return (-self.queue_priority, -self.user_priority, self.submit_time, self.id)
 
     @property
     def eligible_from(self) -> float:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import resource
+import shutil
 import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -118,6 +120,7 @@ def job_environment(
     nodefile: str,
     cpuset_file: str = "",
     resize_signal: str = "USR1",
+    tmpdir: str = "",
 ) -> dict[str, str]:
     """The job's environment: the submitter's, plus what tells it where it runs."""
     env = {k: v for k, v in spec.env.items() if not k.startswith(_FOREIGN_PREFIXES)}
@@ -156,10 +159,80 @@ def job_environment(
         # Where a malleable job reads its CPUs after a resize, and the signal
         # that announces one (minibatch.malleable reads both).
         env.update(MB_CPUSET_FILE=cpuset_file, MB_RESIZE_SIGNAL=resize_signal)
+    env.update(pbs_extras(spec, len(cpus)))
+    env.update(slurm_extras(spec, node, ident, len(hosts), len(cpus)))
+    if spec.gpus:
+        gpus = ",".join(map(str, spec.gpus))
+        env.update(
+            CUDA_VISIBLE_DEVICES=gpus, SLURM_JOB_GPUS=gpus, GPU_DEVICE_ORDINAL=gpus
+        )
+    if tmpdir:
+        env["TMPDIR"] = tmpdir
+    return env
+
+
+def pbs_extras(spec: LaunchSpec, ncpus: int) -> dict[str, str]:
+    """What Torque and PBS Pro tell a job besides the basics: its queue, task
+    and vnode numbers (one task, on the first vnode), array index, account."""
+    env = {
+        "PBS_QUEUE": spec.queue,
+        "PBS_TASKNUM": "1",
+        "PBS_VNODENUM": "0",
+        "PBS_MOMPORT": "0",
+        "NCPUS": str(ncpus),
+    }
+    if spec.account:
+        env["PBS_ACCOUNT"] = spec.account
     if spec.array_index is not None:
-        env["PBS_ARRAYID"] = str(spec.array_index)
-        env["SLURM_ARRAY_TASK_ID"] = str(spec.array_index)
-        env["SLURM_ARRAY_JOB_ID"] = str(spec.array_id)
+        env.update(
+            PBS_ARRAYID=str(spec.array_index),
+            PBS_ARRAY_INDEX=str(spec.array_index),
+            PBS_ARRAY_ID=f"{spec.array_id}[]",
+        )
+    return env
+
+
+def slurm_extras(
+    spec: LaunchSpec, node: str, ident: Identity, nodes: int, ncpus: int
+) -> dict[str, str]:
+    """Slurm's job variables, as sbatch sets them for the batch step."""
+    opts = spec.options
+    per_task = opts.cpus_per_task or 1
+    ntasks = opts.ntasks or max(1, nodes * ncpus // per_task)
+    per_node = opts.tasks_per_node or max(1, ncpus // per_task)
+    env = {
+        "SLURM_JOBID": str(spec.job),
+        "SLURM_NTASKS": str(ntasks),
+        "SLURM_NPROCS": str(ntasks),
+        "SLURM_NNODES": str(nodes),
+        "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})" if nodes > 1 else str(per_node),
+        "SLURM_JOB_CPUS_PER_NODE": f"{ncpus}(x{nodes})" if nodes > 1 else str(ncpus),
+        "SLURM_JOB_PARTITION": spec.queue,
+        "SLURM_JOB_USER": ident.user,
+        "SLURM_JOB_UID": str(ident.uid),
+        "SLURM_JOB_GID": str(ident.gid),
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURMD_NODENAME": node,
+        "SLURM_RESTART_COUNT": str(spec.reruns),
+        "SLURM_SUBMIT_HOST": spec.env.get("PBS_O_HOST", node),
+    }
+    if opts.cpus_per_task:
+        env["SLURM_CPUS_PER_TASK"] = str(opts.cpus_per_task)
+    if opts.tasks_per_node:
+        env["SLURM_NTASKS_PER_NODE"] = str(opts.tasks_per_node)
+    if spec.mem_kb:
+        env["SLURM_MEM_PER_NODE"] = str(spec.mem_kb // 1024)
+    if spec.account:
+        env["SLURM_JOB_ACCOUNT"] = spec.account
+    if spec.gpus:
+        env["SLURM_GPUS_ON_NODE"] = str(len(spec.gpus))
+    if spec.array_index is not None:
+        env.update(
+            SLURM_ARRAY_TASK_ID=str(spec.array_index),
+            SLURM_ARRAY_JOB_ID=str(spec.array_id),
+        )
     return env
 
 
@@ -210,6 +283,7 @@ class Launcher:
                 ident,
             )
             argv = self._command(spec, ident)
+            tmpdir = self._tmpdir(spec, ident)
             cpuset = ""
             if spec.malleable:
                 cpuset = str(self.cpuset_path(spec.job))
@@ -223,6 +297,7 @@ class Launcher:
                 nodefile=str(nodefile),
                 cpuset_file=cpuset,
                 resize_signal=self.resize_signal,
+                tmpdir=tmpdir,
             )
             out_fd, err_fd = self._open_outputs(spec, ident)
         except (OSError, ValueError) as exc:  # ValueError: a NUL byte in a path
@@ -255,8 +330,9 @@ class Launcher:
             raise LaunchError(
                 f"cannot bind to CPUs {format_cpu_list(cpus)}: {exc.strerror}"
             ) from exc
+        umask = spec.options.umask
         try:
-            return subprocess.Popen(
+            popen = subprocess.Popen(
                 argv,
                 cwd=spec.workdir,
                 env=env,
@@ -268,19 +344,41 @@ class Launcher:
                 user=spec.uid if ident.switch else None,
                 group=spec.gid if ident.switch else None,
                 extra_groups=ident.groups if ident.switch else None,
+                umask=-1 if umask is None else umask,
             )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             raise LaunchError(describe_os_error(exc)) from exc
         finally:
             os.sched_setaffinity(0, saved)
+        vmem = spec.options.vmem_kb
+        if vmem:
+            # The kernel's limit on each process's address space: set on the
+            # top process at once, inherited by everything it starts after.
+            with contextlib.suppress(OSError):
+                os.prlimit(popen.pid, resource.RLIMIT_AS, (vmem * 1024, vmem * 1024))
+        return popen
 
     def _command(self, spec: LaunchSpec, ident: Identity) -> list[str]:
         if spec.argv:
             return list(spec.argv)
         script = spec.script or ""
         path = self._write(f"{spec.job}.sh", script, 0o700, ident)
+        args = spec.options.script_args
+        if spec.options.shell:  # qsub -S: that interpreter, whatever "#!" says
+            return [spec.options.shell, str(path), *args]
         # A script without "#!" is a shell script, as qsub treats it.
-        return [str(path)] if script.startswith("#!") else ["/bin/sh", str(path)]
+        if script.startswith("#!"):
+            return [str(path), *args]
+        return ["/bin/sh", str(path), *args]
+
+    def _tmpdir(self, spec: LaunchSpec, ident: Identity) -> str:
+        """The job's own ``$TMPDIR``, the user's alone, removed when it ends."""
+        path = self.spool / f"{spec.job}.tmp"
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(mode=0o700)
+        if ident.switch:
+            os.chown(path, ident.uid, ident.gid)
+        return str(path)
 
     def _write(self, name: str, text: str, mode: int, ident: Identity) -> Path:
         path = self.spool / name
@@ -298,9 +396,11 @@ class Launcher:
 
     def _open_outputs(self, spec: LaunchSpec, ident: Identity) -> tuple[int, int]:
         workdir = Path(spec.workdir)
-        out_path = workdir / spec.stdout_path
-        err_path = workdir / spec.stderr_path
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        # Slurm's %N (the node's name) is the one part only the node knows.
+        out_path = workdir / spec.stdout_path.replace("%N", self.node)
+        err_path = workdir / spec.stderr_path.replace("%N", self.node)
+        mode = os.O_APPEND if spec.options.append else os.O_TRUNC
+        flags = os.O_WRONLY | os.O_CREAT | mode | os.O_CLOEXEC
         with effective_identity(ident):
             if ident.switch and not os.access(workdir, os.X_OK, effective_ids=True):
                 raise PermissionError(13, "Permission denied", str(workdir))
@@ -323,3 +423,5 @@ class Launcher:
         for suffix in (".sh", ".nodes", ".cpus"):
             with contextlib.suppress(OSError):
                 (self.spool / f"{job}{suffix}").unlink()
+        # rmtree does not follow symbolic links a job may have left in it.
+        shutil.rmtree(self.spool / f"{job}.tmp", ignore_errors=True)

@@ -63,6 +63,12 @@ class Run:
     #: (re-armed when a resize stretches the limit).
     limit: float = 0.0
     walltime_timer: asyncio.TimerHandle | None = None
+    #: At the last sample: CPU seconds of the whole job (reaped processes
+    #: included) and resident memory now (KB); what ``qstat`` shows as it runs.
+    cpu_now_s: float = 0.0
+    rss_now_kb: int = 0
+    #: The ``--signal`` warning has been sent.
+    warned: bool = False
 
 
 class Ownership:

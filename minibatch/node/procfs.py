@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,10 @@ class Proc:
     sid: int
     state: str
     rss_kb: int
+    #: CPU seconds of the process and of its children it has waited for.
+    cpu_s: float = 0.0
+    #: Virtual memory size (KB).
+    vsize_kb: int = 0
 
     @property
     def zombie(self) -> bool:
@@ -58,6 +63,8 @@ def read_stat(pid: int) -> Proc | None:
         sid=int(fields[3]),
         state=fields[0].decode(),
         rss_kb=int(fields[21]) * _PAGE_KB,
+        cpu_s=sum(int(f) for f in fields[11:15]) / _TICKS,
+        vsize_kb=int(fields[20]) // 1024,
     )
 
 
@@ -104,9 +111,6 @@ class ProcTable:
                 out.add(pid)
                 todo.extend(self._kids.get(pid, ()))
         return out
-
-    def rss_kb(self, pids: Iterable[int]) -> int:
-        return sum(self.procs[p].rss_kb for p in pids if p in self.procs)
 
 
 def own_children() -> list[int]:

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from minibatch.config import NodeDaemonConfig
 from minibatch.core.job import JobResult
 from minibatch.core.units import format_cpu_list
-from minibatch.node import procfs, resizer
+from minibatch.node import limits, procfs, resizer
 from minibatch.node.launcher import Launcher, LaunchError
 from minibatch.node.ownership import Ownership, Run, ended_report, failed_report
 from minibatch.node.procfs import ProcTable
@@ -412,6 +412,17 @@ class Tracker:
             log.info("job %s: %s", run.spec.display_id, run.comment)
             self._terminate(run)
 
+    def _warn(self, run: Run, tree: set[int], table: ProcTable) -> None:
+        """``--signal``: the job's signal, ahead of its time limit."""
+        sig = run.spec.options.warn_signal
+        log.info("job %s: sending signal %d before its limit", run.spec.display_id, sig)
+        if run.spec.options.warn_shell_only:
+            if run.status is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(run.pid, sig)
+        else:
+            self._kill_pids(run, tree, table, sig)
+
     def _terminate(self, run: Run) -> None:
         self._signal_tree(run, signal.SIGTERM)
         assert self._loop is not None
@@ -457,16 +468,22 @@ class Tracker:
         table = self._own.scan()
         for run in list(self._own.jobs.values()):
             tree = self._own.tree(run, table)
-            rss = table.rss_kb(p for p in tree if not table.procs[p].zombie)
+            live = [table.procs[p] for p in tree if not table.procs[p].zombie]
+            rss = sum(p.rss_kb for p in live)
             run.maxrss_kb = max(run.maxrss_kb, rss)
-            limit = run.spec.mem_kb
+            run.rss_now_kb = rss
+            run.cpu_now_s = run.cputime_s + sum(p.cpu_s for p in live)
             if run.status is not None:
                 self._settle(run, table)
-            elif limit and rss > limit and run.kill_reason is None:
-                run.kill_reason = JobResult.OUT_OF_MEMORY
-                run.comment = f"memory limit of {limit} kb exceeded ({rss} kb used)"
-                log.info("job %s: %s", run.spec.display_id, run.comment)
-                self._kill_pids(run, tree, table, signal.SIGKILL)
+            elif run.kill_reason is None:
+                why = limits.exceeded(run, live)
+                if why is not None:
+                    run.kill_reason, run.comment = why
+                    log.info("job %s: %s", run.spec.display_id, run.comment)
+                    self._kill_pids(run, tree, table, signal.SIGKILL)
+                elif limits.warning_due(run, time.time()):
+                    run.warned = True
+                    self._warn(run, tree, table)
         self._own.prune(table)
         if self._exclusive:
             for pid, jobs in list(self._own.strangers.items()):

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from minibatch.core.job import Job, JobResult, JobSpec
+from minibatch.core.job import Job, JobOptions, JobResult, JobSpec
 from minibatch.core.reservation import Reservation
 from minibatch.core.snapshot import ClusterSnapshot, Plan
 
@@ -68,6 +68,9 @@ class Submit(_Msg, frozen=True, kw_only=True, tag="submit"):
 class Submitted(_Msg, frozen=True, kw_only=True, tag="submitted"):
     ids: list[int]
     display: str
+    #: What the server changed or ignored and why (an unknown queue, say): one
+    #: line each, printed by qsub on stderr.
+    notes: list[str] = []
 
 
 class QueryJobs(_Msg, frozen=True, kw_only=True, tag="query_jobs"):
@@ -297,6 +300,13 @@ class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
     array_index: int | None = None
     #: Its CPUs may change while it runs: it gets ``$MB_CPUSET_FILE``.
     malleable: bool = False
+    #: How to run it (shell, umask, limits beyond memory, ...), where it was
+    #: queued and charged, its GPU ids, and how often it ran before.
+    options: JobOptions = JobOptions()
+    queue: str = ""
+    account: str = ""
+    gpus: list[int] = []
+    reruns: int = 0
 
 
 class Launch(_Msg, frozen=True, kw_only=True, tag="launch"):

@@ -48,7 +48,7 @@ def start_upcoming(state: ServerState) -> list[int]:
         if job is None or job.state is not JobState.QUEUED:
             upcoming.popleft()  # started, held, cancelled or gone since the plan
             continue
-        if unseen is not None and (job.submit_time, job.id) > unseen:
+        if unseen is not None and queue.rank(job.id) > unseen:
             break
         chooser = None
         if state.reservations.by_name:

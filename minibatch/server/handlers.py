@@ -71,9 +71,10 @@ def status(
 def submit(
     state: ServerState, ctx: Context, caller: Caller | None, ident: bytes, msg: Submit
 ) -> Message:
-    jobs = state.submit(msg.spec, need_caller(caller))
+    notes: list[str] = []
+    jobs = state.submit(msg.spec, need_caller(caller), notes)
     display = f"{jobs[0].id}[]" if msg.spec.array else str(jobs[0].id)
-    return Submitted(ids=[j.id for j in jobs], display=display)
+    return Submitted(ids=[j.id for j in jobs], display=display, notes=notes)
 
 
 def query_jobs(

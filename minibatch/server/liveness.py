@@ -32,6 +32,7 @@ def hello(state: ServerState, msg: NodeHello, route: bytes) -> None:
     restarted = node is not None and node.pid is not None and node.pid != msg.pid
     if node is None:
         node = Node(name=msg.name, cpus=sorted(msg.cpus))
+        state.nodes.configure(node)
         state.nodes.nodes[msg.name] = node
     node.cpus, node.mem_kb, node.shared_cpus = (
         sorted(msg.cpus),

@@ -7,6 +7,7 @@ predictable) and refuses anything that does not fit right now.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Protocol
 
@@ -41,6 +42,12 @@ class Node(msgspec.Struct, kw_only=True):
     used: dict[int, int] = {}
     #: job id -> memory it holds on this node (KB).
     mem_used: dict[int, int] = {}
+    #: GPUs (from the server's config, by node name), and job id -> the GPU
+    #: ids it holds.
+    gpus: int = 0
+    gpus_used: dict[int, list[int]] = {}
+    #: Properties (``nodes=1:bigmem``, ``-C bigmem``), from the server's config.
+    features: list[str] = []
     #: job id -> consecutive heartbeats that did not list it (lost-job detection).
     misses: dict[int, int] = {}
     #: The ZeroMQ routing id of the daemon's connection, learnt from its last
@@ -75,7 +82,13 @@ class Node(msgspec.Struct, kw_only=True):
             free_cpus=len(self.cpus) - len(self.used),
             mem_kb=self.mem_kb,
             free_mem_kb=self.free_mem_kb(),
+            gpus=self.gpus,
+            free_gpus=self.gpus - sum(len(g) for g in self.gpus_used.values()),
         )
+
+    def free_gpus(self) -> list[int]:
+        held = {g for ids in self.gpus_used.values() for g in ids}
+        return [g for g in range(self.gpus) if g not in held]
 
     def info(self) -> NodeInfo:
         jobs: dict[int, list[int]] = {}
@@ -108,22 +121,56 @@ class CpuChooser(Protocol):
 
 
 class NodeRegistry:
-    def __init__(self, nodes: list[Node]) -> None:
+    def __init__(
+        self,
+        nodes: list[Node],
+        gpus: dict[str, int] | None = None,
+        features: dict[str, list[str]] | None = None,
+    ) -> None:
         self.nodes: dict[str, Node] = {n.name: n for n in nodes}
+        self.gpus = gpus or {}
+        self.features = features or {}
+        for node in nodes:
+            self.configure(node)
 
-    def feasible(self, req: JobRequest) -> str | None:
+    def configure(self, node: Node) -> None:
+        """Give ``node`` the GPUs and features the config names for it."""
+        node.gpus = self.gpus.get(node.name, 0)
+        node.features = list(self.features.get(node.name, []))
+
+    def all_features(self) -> set[str]:
+        return {f for fs in self.features.values() for f in fs}
+
+    def feasible(self, req: JobRequest, features: Sequence[str] = ()) -> str | None:
         """Why no configuration of known nodes could ever run ``req``, or None."""
         if not self.nodes:
             return "the cluster has no nodes"
         mem = mem_per_node(req)
+        need = set(features)
         fitting = [
             n
             for n in self.nodes.values()
             if len(n.cpus) >= req.ppn
             and (mem is None or n.mem_kb is None or n.mem_kb >= mem)
+            and n.gpus >= req.gpus
+            and need <= set(n.features)
         ]
         if len(fitting) >= req.nodes:
             return None
+        if req.gpus and all(n.gpus < req.gpus for n in self.nodes.values()):
+            most = max(n.gpus for n in self.nodes.values())
+            return (
+                f"{req.gpus} gpus per node requested but the most a node has is {most}"
+            )
+        if (
+            need
+            and len([n for n in self.nodes.values() if need <= set(n.features)])
+            < req.nodes
+        ):
+            return (
+                f"{req.nodes} nodes with features {', '.join(sorted(need))} "
+                "requested but fewer nodes have them"
+            )
         biggest = max(len(n.cpus) for n in self.nodes.values())
         if req.nodes == 1 and req.ppn > biggest:
             return f"{req.ppn} CPUs requested but the largest node has {biggest}"
@@ -157,7 +204,7 @@ class NodeRegistry:
             node = self.nodes.get(name)
             if node is None:
                 return f"node {name} is not available"
-            why = _shortage(node, req.ppn, mem)
+            why = _shortage(node, req.ppn, mem, req.gpus)
             if why is not None:
                 return why
         picked: dict[str, list[int]] = {}
@@ -176,7 +223,10 @@ class NodeRegistry:
                 node.used[cpu] = job
             if mem is not None:
                 node.mem_used[job] = mem
-            allocs.append(Allocation(name, cpus))
+            gpus = node.free_gpus()[: req.gpus] if req.gpus else []
+            if gpus:
+                node.gpus_used[job] = gpus
+            allocs.append(Allocation(name, cpus, gpus))
         return allocs
 
     def first_fit(
@@ -187,7 +237,7 @@ class NodeRegistry:
         mem = mem_per_node(req)
         names: list[str] = []
         for node in self.nodes.values():
-            if _shortage(node, req.ppn, mem) is not None:
+            if _shortage(node, req.ppn, mem, req.gpus) is not None:
                 continue
             if chooser is not None and len(chooser.cpus(node)) < req.ppn:
                 continue
@@ -205,6 +255,7 @@ class NodeRegistry:
                 if node.used.get(cpu) == job:
                     del node.used[cpu]
             node.mem_used.pop(job, None)
+            node.gpus_used.pop(job, None)
             node.misses.pop(job, None)
 
     def any_free_cpu(self) -> bool:
@@ -222,10 +273,12 @@ class NodeRegistry:
         return tuple(n.view() for n in self.nodes.values() if n.usable)
 
 
-def _shortage(node: Node, ppn: int, mem: int | None) -> str | None:
-    """Why ``node`` cannot take ``ppn`` CPUs and ``mem`` KB now, or None."""
+def _shortage(node: Node, ppn: int, mem: int | None, gpus: int = 0) -> str | None:
+    """Why ``node`` cannot take ``ppn`` CPUs, ``mem`` KB and ``gpus`` now, or None."""
     if not node.usable:
         return f"node {node.name} is not available"
+    if gpus and len(node.free_gpus()) < gpus:
+        return f"node {node.name} has fewer than {gpus} free GPUs"
     if len(node.cpus) - len(node.used) < ppn:
         return f"node {node.name} has fewer than {ppn} free CPUs"
     free_mem = node.free_mem_kb()

@@ -2,7 +2,8 @@
 
 Snapshots share the queue's immutable :class:`PendingView` records, so a pass costs
 no per-job work on the server beyond copying references. Order is priority order
-(submission order, ties by id); jobs mostly arrive in that order, so sorting is
+(queue priority, then the job's ``-p`` priority, then submission order, ties
+by id: :attr:`PendingView.rank`); jobs mostly arrive in that order, so sorting is
 needed only after a release or a satisfied dependency, and is done lazily.
 """
 
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from minibatch.core.job import Job
 from minibatch.core.snapshot import PendingView, Plan
 from minibatch.server.records import pending_view
+
+Rank = tuple[float, int, float, int]
 
 #: Unseen entries kept one by one; beyond, only the earliest is (conservative).
 _MAX_UNSEEN = 1024
@@ -24,10 +27,15 @@ _MAX_SNAPSHOTS = 16
 
 
 class PendingQueue:
-    def __init__(self) -> None:
+    """Args:
+    queue_priority: a queue's priority, by the queue's name.
+    """
+
+    def __init__(self, queue_priority: Callable[[str], float] = lambda _: 0.0) -> None:
+        self._queue_priority = queue_priority
         self._views: dict[int, PendingView] = {}
         self._sorted = True
-        self._last: tuple[float, int] = (0.0, 0)
+        self._last: Rank = (-math.inf, 0, 0.0, 0)
         self._reasons: dict[int, str] = {}
         self._predicted: dict[int, float] = {}
         self._default = ""
@@ -39,7 +47,7 @@ class PendingQueue:
         #: last plan's snapshot did not see: such a job may outrank upcoming ones.
         self._entries = 0
         self._seen_at: dict[int, int] = {}
-        self._unseen: list[tuple[int, tuple[float, int]]] = []
+        self._unseen: list[tuple[int, Rank]] = []
         #: The last plan's ``upcoming_by_submission``.
         self.by_submission = False
 
@@ -50,20 +58,21 @@ class PendingQueue:
         return len(self._views)
 
     def add(self, job: Job) -> None:
-        key = (job.submit_time, job.id)
+        view = pending_view(job, self._queue_priority(job.queue))
+        key = view.rank
         if key < self._last:
             self._sorted = False
         else:
             self._last = key
-        self._views[job.id] = pending_view(job)
+        self._views[job.id] = view
         self._note(key)
 
     def unblocked(self) -> None:
         """Jobs left out of snapshots (over a QOS limit) may be eligible again:
         as if a job of unknown rank had entered the queue."""
-        self._note((-math.inf, -1))
+        self._note((-math.inf, -(2**62), -math.inf, -1))
 
-    def _note(self, key: tuple[float, int]) -> None:
+    def _note(self, key: Rank) -> None:
         self._entries += 1
         if len(self._unseen) >= _MAX_UNSEEN:
             # Only the earliest key matters; keep it under the newest number.
@@ -72,8 +81,8 @@ class PendingQueue:
             self._unseen.append((self._entries, key))
 
     @property
-    def unseen_min(self) -> tuple[float, int] | None:
-        """The earliest (submit time, id) queued since the last plan's snapshot."""
+    def unseen_min(self) -> Rank | None:
+        """The highest rank queued since the last plan's snapshot."""
         return min((k for _, k in self._unseen), default=None)
 
     def snapshot_taken(self, generation: int) -> None:
@@ -81,12 +90,15 @@ class PendingQueue:
         if len(self._seen_at) > _MAX_SNAPSHOTS:  # plans stopped coming back
             del self._seen_at[min(self._seen_at)]
 
+    def rank(self, job_id: int) -> Rank:
+        return self._views[job_id].rank
+
     def discard(self, job_id: int) -> None:
         self._views.pop(job_id, None)
 
     def ordered(self) -> tuple[PendingView, ...]:
         if not self._sorted:
-            order = sorted(self._views.values(), key=lambda p: (p.submit_time, p.id))
+            order = sorted(self._views.values(), key=lambda p: p.rank)
             self._views = {p.id: p for p in order}
             self._sorted = True
         return tuple(self._views.values())

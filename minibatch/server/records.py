@@ -33,6 +33,11 @@ def launch_spec(job: Job) -> LaunchSpec:
         array_id=job.array_id,
         array_index=job.array_index,
         malleable=job.request.malleable is not None,
+        options=job.options,
+        queue=job.queue,
+        account=job.account,
+        gpus=job.alloc[0].gpus,
+        reruns=job.reruns,
     )
 
 
@@ -53,7 +58,7 @@ def job_event(job: Job, event: str, when: float, detail: str) -> dict[str, Any]:
     }
 
 
-def pending_view(job: Job) -> PendingView:
+def pending_view(job: Job, queue_priority: float = 0.0) -> PendingView:
     """A job as a policy sees it while it waits."""
     return PendingView(
         id=job.id,
@@ -65,4 +70,7 @@ def pending_view(job: Job) -> PendingView:
         qos=job.qos,
         advres=job.advres,
         eligible_since=eligible_since(job),
+        queue=job.queue,
+        queue_priority=queue_priority,
+        user_priority=job.options.priority,
     )

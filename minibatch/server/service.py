@@ -230,6 +230,7 @@ class Server:
             await asyncio.sleep(interval)
             liveness.check_nodes(self.state, self.config.server.node_timeout)
             booking.tick(self.state)  # the boundary timer's safety net
+            self.state.begin_due()
             # Also retries a wake held back by a plan that never came back.
             self.flush()
 

@@ -34,11 +34,12 @@ from minibatch.core.snapshot import ClusterSnapshot
 from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import Kill, Launch, Message, Wake
-from minibatch.server import booking, malleable, views
+from minibatch.server import admission, booking, malleable, views
 from minibatch.server.history import UsageHistory
 from minibatch.server.nodes import Node, NodeRegistry
 from minibatch.server.qos import QosTable
 from minibatch.server.queue import PendingQueue
+from minibatch.server.queues import QueueTable
 from minibatch.server.records import job_event, launch_spec
 from minibatch.server.reservations import JobCpus, ReservationBook
 from minibatch.server.store import Store
@@ -70,7 +71,12 @@ class ServerState:
         #: The policy it should run: ``mb policy set``, else the configuration's.
         self.policy = booking.load_policy(store, config)
         self.qos = QosTable(config)
-        self.queue = PendingQueue()
+        self.queues = QueueTable(config)
+        self.queue = PendingQueue(self.queues.priority)
+        #: Pending jobs with a start time (``qsub -a``), checked every second.
+        self.begin_waiting: set[int] = set()
+        #: Arrays with a ``%N`` limit on their running tasks, by array id.
+        self.array_limits: dict[int, int] = {}
         #: Running and exiting jobs (they hold resources).
         self.active: set[int] = set()
         self.snapshot_time = 0.0
@@ -90,7 +96,7 @@ class ServerState:
             node.up, node.used, node.mem_used, node.misses = False, {}, {}, {}
             node.route = b""
             node.last_heartbeat = now
-        self.nodes = NodeRegistry(nodes)
+        self.nodes = NodeRegistry(nodes, config.gpus, config.features)
         self.reservations = ReservationBook(store.load_reservations())
         self.reservations.started = {
             r.name for r in self.reservations if r.start <= now
@@ -110,6 +116,8 @@ class ServerState:
                     mem = mem_per_node(job.request)
                     if mem is not None:
                         holder.mem_used[job.id] = mem
+                    if alloc.gpus:
+                        holder.gpus_used[job.id] = list(alloc.gpus)
 
     # ------------------------------------------------------------ helpers
 
@@ -121,6 +129,10 @@ class ServerState:
             self.active.add(job.id)
         if job.array_id is not None:
             self.arrays.setdefault(job.array_id, []).append(job.id)
+            if job.options.array_limit:
+                self.array_limits[job.array_id] = job.options.array_limit
+        if job.options.begin is not None and job.state in PENDING_STATES:
+            self.begin_waiting.add(job.id)
         if job.state is JobState.WAITING or (
             job.state is JobState.HELD and job.depends
         ):
@@ -137,6 +149,7 @@ class ServerState:
                 tasks.remove(job.id)
                 if not tasks:
                     del self.arrays[job.array_id]
+                    self.array_limits.pop(job.array_id, None)
 
     def _move(self, job: Job, to: JobState) -> str:
         """:func:`transition`, keeping the queue and the active set in step."""
@@ -214,11 +227,15 @@ class ServerState:
 
     # ---------------------------------------------------------- submission
 
-    def submit(self, spec: JobSpec, caller: Caller) -> list[Job]:
+    def submit(
+        self, spec: JobSpec, caller: Caller, notes: list[str] | None = None
+    ) -> list[Job]:
+        """Queue ``spec``'s job(s), or raise having changed nothing. ``notes``
+        gets a line for each thing the submitter should know (an unknown queue
+        replaced by the default, a node feature nobody has)."""
+        notes = [] if notes is None else notes
         check_spec(spec)
-        why = self.nodes.feasible(spec.request)
-        if why is not None:
-            raise InfeasibleRequest(f"job can never run: {why}")
+        spec, caller = admission.admit(self, spec, caller, notes)
         qos = self.qos.resolve(spec.qos)
         self.qos.check_walltime(qos, spec.request.walltime)
         if spec.advres:
@@ -236,9 +253,10 @@ class ServerState:
                 raise NotFound(f"dependency on unknown job {dep.job}")
             outcomes.append(dependency_outcome(dep, done.result))
         now = self.clock()
+        begin = spec.options.begin
         if spec.hold:
             state = JobState.HELD
-        elif all(o is True for o in outcomes):
+        elif all(o is True for o in outcomes) and (begin is None or begin <= now):
             state = JobState.QUEUED
         else:
             state = JobState.WAITING
@@ -256,13 +274,31 @@ class ServerState:
         self.changed()
         return jobs
 
+    def begin_due(self) -> None:
+        """Queue the waiting jobs whose start time (``qsub -a``) has come."""
+        now = self.clock()
+        for jid in sorted(self.begin_waiting):
+            job = self.jobs.get(jid)
+            if job is None or job.state is not JobState.WAITING:
+                self.begin_waiting.discard(jid)
+            elif (job.options.begin or 0.0) <= now:
+                self.begin_waiting.discard(jid)
+                self._dependency_update(job)
+
     def _set_pending_reason(self, job: Job) -> None:
         if job.state is JobState.HELD:
             job.reason = "held (user hold)"
         elif job.state is JobState.WAITING:
             waiting = [d.job for d in job.depends if d.job in self.jobs]
             ids = ", ".join(map(str, waiting))
-            job.reason = f"dependency on {ids}" if waiting else "dependency"
+            begin = job.options.begin
+            if waiting:
+                job.reason = f"dependency on {ids}"
+            elif begin is not None and begin > self.clock():
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(begin))
+                job.reason = f"not before {when} (qsub -a / --begin)"
+            else:
+                job.reason = "dependency"
         elif job.state is JobState.QUEUED:
             job.reason = "waiting for the scheduler"
 
@@ -301,7 +337,8 @@ class ServerState:
         if job.state is not JobState.HELD:
             raise InvalidArgument(f"job {job.display_id} is not held")
         pending = [d for d in job.depends if d.job in self.jobs]
-        self._move(job, JobState.WAITING if pending else JobState.QUEUED)
+        later = (job.options.begin or 0.0) > self.clock()
+        self._move(job, JobState.WAITING if pending or later else JobState.QUEUED)
         self.store.put_job(job)
         self.record(job, "released")
         self._set_pending_reason(job)
@@ -327,7 +364,7 @@ class ServerState:
         check_spec(
             JobSpec(name=new_name, workdir=job.workdir, request=request, argv=["x"])
         )
-        why = self.nodes.feasible(request)
+        why = self.nodes.feasible(request, job.options.features)
         if why is not None:
             raise InfeasibleRequest(f"job could never run: {why}")
         self.qos.check_walltime(job.qos, request.walltime)
@@ -469,7 +506,11 @@ class ServerState:
                 outcomes.append(dependency_outcome(dep, done.result))
         if False in outcomes:
             self._cancel_unsatisfiable(job)
-        elif all(o is True for o in outcomes) and job.state is JobState.WAITING:
+        elif (
+            all(o is True for o in outcomes)
+            and job.state is JobState.WAITING
+            and (job.options.begin or 0.0) <= self.clock()
+        ):
             self._move(job, JobState.QUEUED)
             self.store.put_job(job)
             self.record(job, "eligible", "dependencies satisfied")

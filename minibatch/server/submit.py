@@ -10,6 +10,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import re
 from dataclasses import dataclass
 
 from minibatch.core.job import Job, JobSpec, JobState
@@ -90,14 +91,92 @@ def check_spec(spec: JobSpec) -> None:
             raise InvalidArgument("array indices must be distinct and non-negative")
 
 
-def _output_path(spec: JobSpec, given: str | None, kind: str) -> tuple[str, bool]:
-    """The path given, or the default path's prefix (True) that each job's
-    suffix completes (``NAME.o12``, ``NAME.o12-3`` for task 3 of array 12)."""
-    if given:
-        return given if os.path.isabs(given) else os.path.join(
-            spec.workdir, given
-        ), False
-    return os.path.join(spec.workdir, f"{spec.name}.{kind}"), True
+_SLURM_PATTERN = re.compile(r"%(\d*)([AajJxuNnst%])")
+_PBS_VARIABLE = re.compile(r"\$\{?(PBS_\w+|HOME|USER)\}?")
+
+
+def _home(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return "/"
+
+
+class _Names:
+    """What output paths are made of, for one job: the rules of the tool the
+    job came from (Slurm's ``%j`` patterns, or PBS's ``^array_index^`` and
+    ``$PBS_JOBID`` names) and the default file names."""
+
+    def __init__(self, spec: JobSpec, user: str, uid: int) -> None:
+        self.spec, self.user, self.uid = spec, user, uid
+
+    def slurm(self, text: str, jid: int, array: int | None, index: int | None) -> str:
+        def fill(m: re.Match[str]) -> str:
+            width, key = m.group(1), m.group(2)
+            value = {
+                "j": jid,
+                "J": f"{jid}.batch",
+                "A": array if array is not None else jid,
+                "a": index if index is not None else 4294967294,
+                "x": self.spec.name,
+                "u": self.user,
+                "s": "batch",
+                "n": 0,
+                "t": 0,
+                "%": "%",
+                "N": "%N",  # the node's name: filled in by the node at launch
+            }[key]
+            if width and isinstance(value, int):
+                return str(value).zfill(int(width))
+            return str(value)
+
+        return _SLURM_PATTERN.sub(fill, text)
+
+    def pbs(self, text: str, display: str, index: int | None) -> str:
+        text = text.replace("^array_index^", "" if index is None else str(index))
+        env = self.spec.env
+        values = {
+            "PBS_JOBID": display,
+            "PBS_JOBNAME": self.spec.name,
+            "PBS_ARRAYID": "" if index is None else str(index),
+            "PBS_ARRAY_INDEX": "" if index is None else str(index),
+            "HOME": env.get("PBS_O_HOME") or _home(self.uid),
+            "USER": self.user,
+        }
+        return _PBS_VARIABLE.sub(
+            lambda m: values.get(m.group(1), env.get(m.group(1), m.group(0))), text
+        )
+
+    def path(
+        self,
+        given: str | None,
+        kind: str,
+        jid: int,
+        array: int | None,
+        index: int | None,
+    ) -> str:
+        """The job's ``kind`` ("o" or "e") file."""
+        spec = self.spec
+        display = str(jid) if index is None else f"{array}[{index}]"
+        suffix = str(jid) if index is None else f"{array}-{index}"
+        keep = spec.options.keep
+        if spec.options.slurm:
+            default = "slurm-%A_%a.out" if index is not None else "slurm-%j.out"
+            default = self.slurm(default, jid, array, index)
+        else:
+            default = f"{spec.name}.{kind}{suffix}"
+        if not given:
+            if kind in keep and "d" not in keep:
+                # Torque -k: kept in the home directory as it is written.
+                return os.path.join(_home(self.uid), default)
+            return os.path.join(spec.workdir, default)
+        if spec.options.slurm:
+            path = self.slurm(given, jid, array, index)
+        else:
+            path = self.pbs(given, display, index)
+        if path.endswith("/"):
+            path += default
+        return os.path.join(spec.workdir, path)
 
 
 def build_jobs(
@@ -106,12 +185,11 @@ def build_jobs(
     """One record, or one per array index with consecutive ids from ``first_id``."""
     indices: list[int | None] = list(spec.array) if spec.array else [None]
     user, group = caller.user, caller.group  # each is a passwd/group lookup
-    out, out_prefix = _output_path(spec, spec.stdout_path, "o")
-    err, err_prefix = _output_path(spec, spec.stderr_path, "e")
+    names = _Names(spec, user, caller.uid)
     jobs = []
     for offset, index in enumerate(indices):
         jid = first_id + offset
-        suffix = f"{jid}" if index is None else f"{first_id}-{index}"
+        array = None if index is None else first_id
         jobs.append(
             Job(
                 id=jid,
@@ -127,8 +205,8 @@ def build_jobs(
                 script=spec.script,
                 argv=spec.argv,
                 env=spec.env,
-                stdout_path=out + suffix if out_prefix else out,
-                stderr_path=err + suffix if err_prefix else err,
+                stdout_path=names.path(spec.stdout_path, "o", jid, array, index),
+                stderr_path=names.path(spec.stderr_path, "e", jid, array, index),
                 join=spec.join,
                 depends=spec.depends,
                 array_id=None if index is None else first_id,
@@ -138,6 +216,8 @@ def build_jobs(
                 qos=spec.qos,
                 advres=spec.advres,
                 queued_since=now if state is JobState.QUEUED else None,
+                queue=spec.queue,
+                options=spec.options,
             )
         )
     return jobs

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from minibatch.core.job import Job, limit_of
-from minibatch.core.snapshot import ClusterSnapshot, RunningView
+from minibatch.core.job import ACTIVE_STATES, Job, limit_of
+from minibatch.core.snapshot import ClusterSnapshot, PendingView, RunningView
 from minibatch.errors import InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
 
@@ -52,6 +52,10 @@ def snapshot(state: ServerState, now: float) -> ClusterSnapshot:
     qos = state.qos
     if qos.any_blocked:
         pending = tuple(p for p in pending if not qos.blocks(p.user, p.qos))
+    if state.queues.any_stopped:
+        pending = tuple(p for p in pending if state.queues.started(p.queue))
+    if state.array_limits:
+        pending = _within_array_limits(state, pending)
     return ClusterSnapshot(
         now=now,
         generation=state.generation,
@@ -64,6 +68,30 @@ def snapshot(state: ServerState, now: float) -> ClusterSnapshot:
         qos=qos.views,
         upcoming=UPCOMING,
     )
+
+
+def _within_array_limits(
+    state: ServerState, pending: tuple[PendingView, ...]
+) -> tuple[PendingView, ...]:
+    """Leave out the tasks of arrays already running their ``%N`` limit, and
+    enough of the others that no array can start more than its limit."""
+    room: dict[int, int] = {}
+    for array_id, limit in state.array_limits.items():
+        running = sum(
+            1
+            for jid in state.arrays.get(array_id, ())
+            if state.jobs[jid].state in ACTIVE_STATES
+        )
+        room[array_id] = limit - running
+    out = []
+    for p in pending:
+        array_id = state.jobs[p.id].array_id
+        left = room.get(array_id, 1) if array_id is not None else 1
+        if left > 0:
+            if array_id in room:
+                room[array_id] = left - 1
+            out.append(p)
+    return tuple(out)
 
 
 def select(state: ServerState, selector: str, *, finished: bool = True) -> list[Job]:

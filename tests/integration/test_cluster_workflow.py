@@ -226,7 +226,14 @@ def test_bad_input_is_refused_with_one_clear_line(cluster: ClusterFactory) -> No
     )
     check_refused(c, before, "qsub", says="STDIN")  # no script and empty stdin
     check_refused(c, before, "qsub", "-t", "5-1", "--", "true", says="array")
-    check_refused(c, before, "qsub", "-j", "eo", "--", "true", says="-j")
+    check_refused(c, before, "qsub", "-j", "xy", "--", "true", says="-j")
+    check_refused(
+        c, before, "qsub", "-J", "1-3", "-t", "1-3", "--", "true", says="both give an array"
+    )
+    check_refused(
+        c, before, "qsub", "-o", "/nonexistent/o", "--", "true", says="does not exist"
+    )
+    check_refused(c, before, "qsub", "-l", "gpus=1", "--", "true", says="gpus", code=1)
     check_refused(c, before, "qdel", "999", says="unknown job id 999", code=1)
     check_refused(c, before, "qdel", "abc", says="malformed job id")
     check_refused(

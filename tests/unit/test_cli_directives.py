@@ -6,27 +6,26 @@ import io
 
 import pytest
 
-from minibatch.cli.directives import (
-    SubmitOptions,
-    parse_array,
-    parse_depend,
-    parse_directives,
-    parse_slurm_mem,
-    parse_slurm_time,
-)
-from minibatch.cli.qsub import build_spec, make_spec, merge, parse_args, to_request
+from minibatch.cli.directives import Context, SubmitOptions, merge, parse_directives
+from minibatch.cli.optvalues import parse_array, parse_depend
+from minibatch.cli.qsub import make_spec, parse_args
+from minibatch.cli.slurmopts import parse_mem as parse_slurm_mem
+from minibatch.cli.slurmopts import parse_time as parse_slurm_time
+from minibatch.cli.submission import build_spec, to_request
 from minibatch.core.job import Dependency, DependKind, JobRequest
 from minibatch.errors import InvalidArgument
 
 ENV = {"HOME": "/home/alice", "PATH": "/usr/bin", "SHELL": "/bin/bash", "FOO": "foo"}
+CTX = Context(ENV, 1_800_000_000.0)
 
 
 def directives(text: str) -> SubmitOptions:
-    return parse_directives(text, "job.sh", ENV)
+    return parse_directives(text, "job.sh", CTX)
 
 
 def spec_for(argv: list[str], **kw):
-    return make_spec(argv, environ=ENV, workdir="/work", host="ws", user="alice", **kw)
+    made = make_spec(argv, environ=ENV, workdir="/work", host="ws", user="alice", **kw)
+    return None if made is None else made[0]
 
 
 def write(tmp_path, text: str, name: str = "job.sh") -> str:
@@ -53,7 +52,7 @@ def test_pbs_directives_set_every_option():
     )
     assert (opts.name, opts.nodes, opts.ppn) == ("hello", 2, 4)
     assert (opts.walltime, opts.mem_kb) == (5400, 2 * 1024 * 1024)
-    assert opts.join is True
+    assert opts.join == "oe"
     assert (opts.stdout_path, opts.stderr_path) == ("out.txt", "/abs/err.txt")
     assert opts.depends == [
         Dependency(DependKind.AFTEROK, 1),
@@ -90,7 +89,7 @@ def test_ncpus_select_and_host_paths():
     ) == (1, 3)
     opts = directives("#PBS -l select=2:ncpus=4:mem=1gb\n#PBS -o ws:/tmp/o\n")
     assert (opts.nodes, opts.ppn, opts.mem_kb) == (2, 4, 2 * 1024 * 1024)
-    assert opts.stdout_path == "/tmp/o"
+    assert opts.stdout_path == "ws:/tmp/o"  # the host goes when the spec is built
     assert directives("#PBS -l select=ncpus=2\n").ppn == 2
     assert directives("#PBS -l nodes=3\n").ppn == 1
 
@@ -101,31 +100,37 @@ def test_ncpus_select_and_host_paths():
         ("#PBS -Z foo", "unknown option -Z"),
         ("#PBS -l ncpus=0", "ncpus must be a positive integer"),
         ("#PBS -l ncpus=two", "ncpus must be a positive integer"),
-        ("#PBS -l nodes=node01:ppn=2", "nodes= must be like"),
-        ("#PBS -l nodes=1:ppn=2:gpus=1", "unsupported node property"),
-        ("#PBS -l nodes=1+1", "nodes= must be like"),
-        ("#PBS -l gpus=1", "unsupported resource 'gpus'"),
-        ("#PBS -l select=1:mpiprocs=2", "unsupported select resource"),
+        ("#PBS -l nodes=:ppn=2", "malformed nodes="),
+        ("#PBS -l select=1:mpiprocs", "malformed select resource"),
         ("#PBS -l walltime=0", "duration must be positive"),
         ("#PBS -l walltime=1h", "malformed duration"),
         ("#PBS -l mem=lots", "malformed size"),
         ("#PBS -l mem=0", "size must be positive"),
         ("#PBS -l ncpus", "malformed resource"),
-        ("#PBS -j eo", "only 'oe' and 'n'"),
-        ("#PBS -W umask=022", "unsupported -W attribute"),
+        ("#PBS -j xy", "expected oe, eo or n"),
+        ("#PBS -W umask=099", "expected an octal mask"),
+        ("#PBS -W umask", "malformed -W attribute"),
+        ("#PBS -r maybe", "takes y or n"),
+        ("#PBS -p 5000", "between -1024 and 1023"),
+        ("#PBS -a tomorrow", "malformed date"),
+        ("#PBS -m xyz", "expected n or letters"),
+        ("#PBS -k q", "expected a mix of o, e, d"),
+        ("#PBS -I", "interactive jobs are not supported"),
+        ("#PBS -t 1-3 -J 1-3", "-J and -t both give an array"),
         ("#PBS -W depend=before:3", "unsupported dependency type 'before'"),
         ("#PBS -W depend=afterok", "names no job"),
         ("#PBS -W depend=afterok:abc", "malformed job id 'abc'"),
         ("#PBS -t 5-1", "malformed array range"),
-        ("#PBS -t 0-99%5", "slot limits"),
+        ("#PBS -t 0-99%x", "slot limit"),
         ("#PBS -t x", "malformed array range"),
         ("#PBS -v 1X=2", "malformed variable"),
-        ("#PBS -q fast", "unknown queue 'fast'"),
+        ("#PBS -q 'a b'", "invalid queue"),
         ("#PBS -N 'a b'", "invalid job name"),
         ("#PBS -N", "option -N needs a value"),
         ("#PBS extra", "unexpected argument 'extra'"),
         ("#PBS -N 'open", "No closing quotation"),
         ("#PBS --mem=1", "unknown option --mem"),
+        ("#PBS -C X", "-C is a command-line option"),
     ],
 )
 def test_bad_pbs_directive_names_the_line(line, message):
@@ -157,6 +162,7 @@ def test_sbatch_long_and_short_forms():
     assert to_request(opts) == JobRequest(
         nodes=1, ppn=8, mem_kb=500 * 1024, walltime=93600
     )
+    assert opts.queues == ["batch"]
     assert opts.array == [0, 5, 10]
     assert opts.depends == [Dependency(DependKind.AFTEROK, 7)]
     assert opts.hold and opts.slurm
@@ -180,7 +186,7 @@ def test_slurm_time_formats(text, seconds):
 
 
 @pytest.mark.parametrize(
-    "text", ["0", "UNLIMITED", "1:2:3:4", "-5", "a-1", "1-2:3:4:5", ""]
+    "text", ["0", "UNLIMITED", "1:2:3:4", "-5", "a-1", "1-2:3:4:5", "", "infinite"]
 )
 def test_slurm_time_rejects(text):
     with pytest.raises(InvalidArgument):
@@ -192,7 +198,8 @@ def test_slurm_mem_units():
     assert parse_slurm_mem("4G") == 4 * 1024 * 1024
     assert parse_slurm_mem("64k") == 64
     assert parse_slurm_mem("2MB") == 2048
-    for bad in ("0", "4X", "-1", "lots"):
+    assert parse_slurm_mem("0") == 0  # the whole node: recorded, no limit
+    for bad in ("4X", "-1", "lots"):
         with pytest.raises(InvalidArgument):
             parse_slurm_mem(bad)
 
@@ -200,10 +207,14 @@ def test_slurm_mem_units():
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("#SBATCH --exclusive", "unknown option --exclusive"),
-        ("#SBATCH -x node1", "unknown option -x"),
+        ("#SBATCH --frobnicate", "unknown option --frobnicate"),
+        ("#SBATCH -y node1", "unknown option -y"),
+        ("#SBATCH --mem-per", "ambiguous"),
         ("#SBATCH --ntasks=0", "--ntasks must be a positive integer"),
-        ("#SBATCH --nodes=1-2", "--nodes must be a positive integer"),
+        ("#SBATCH --nodes=x-2", "--nodes must be a positive integer"),
+        ("#SBATCH --signal=FOO@60", "unknown signal"),
+        ("#SBATCH --open-mode=sideways", "append or truncate"),
+        ("#SBATCH --help", "command-line option"),
         ("#SBATCH --time", "needs a value"),
         ("#SBATCH --hold=yes", "takes no value"),
         ("#SBATCH --dependency=afterok:1?afterok:2", "any-of"),
@@ -219,7 +230,8 @@ def test_bad_sbatch_directive_names_the_line(line, message):
 
 
 def test_value_parsers():
-    assert parse_array("3,1-2,2") == [1, 2, 3]
+    assert parse_array("3,1-2,2") == ([1, 2, 3], 0)
+    assert parse_array("0-15%4") == (list(range(16)), 4)
     assert parse_depend("afterok:1:1,afternotok:2") == [
         Dependency(DependKind.AFTEROK, 1),
         Dependency(DependKind.AFTERNOTOK, 2),
@@ -232,13 +244,13 @@ def test_value_parsers():
 
 
 def test_qsub_argv_options_operands_and_help():
-    args = parse_args(["-hV", "-lncpus=2", "-Nx", "-l", "walltime=60", "job.sh"], ENV)
+    args = parse_args(["-hV", "-lncpus=2", "-Nx", "-l", "walltime=60", "job.sh"], CTX)
     assert args.options.hold and args.options.export_all
     assert (args.options.ppn, args.options.name, args.options.walltime) == (2, "x", 60)
     assert (args.operands, args.command, args.help) == (["job.sh"], False, False)
-    args = parse_args(["-N", "x", "--", "sleep", "-h"], ENV)
+    args = parse_args(["-N", "x", "--", "sleep", "-h"], CTX)
     assert (args.operands, args.command) == (["sleep", "-h"], True)
-    assert parse_args(["--help"], ENV).help
+    assert parse_args(["--help"], CTX).help
 
 
 @pytest.mark.parametrize(
@@ -252,7 +264,7 @@ def test_qsub_argv_options_operands_and_help():
 )
 def test_qsub_argv_errors(argv, message):
     with pytest.raises(InvalidArgument, match=message):
-        parse_args(argv, ENV)
+        parse_args(argv, CTX)
 
 
 def test_command_line_overrides_directives_field_by_field(tmp_path):
@@ -275,6 +287,7 @@ def test_spec_from_script_file(tmp_path):
     assert (spec.name, spec.script, spec.argv) == ("work.sh", text, None)
     assert spec.workdir == "/work"
     assert spec.stdout_path == "/work/out"
+    assert not spec.walltime_given
     assert spec.stderr_path is None
     assert spec.hold and not spec.join
     # Unset walltime is sent as JobRequest's default, which the server replaces.
@@ -313,6 +326,10 @@ def test_sbatch_script_joins_stderr_unless_error_given(tmp_path):
     assert joined is not None and split is not None
     assert joined.join and not split.join
     assert split.stderr_path == "/work/x.err"
+    # Slurm's default name, filled in by the server, and its whole environment.
+    default = spec_for([write(tmp_path, "#SBATCH -n 2\ntrue\n", "c.sh")])
+    assert default.stdout_path == "/work/slurm-%j.out" and default.join
+    assert default.env["FOO"] == "foo"
 
 
 def test_script_from_stdin():
@@ -363,6 +380,6 @@ def test_merge_keeps_lower_layer_when_higher_is_unset():
 
 def test_build_spec_uses_default_name():
     spec = build_spec(
-        SubmitOptions(), default_name="x", workdir="/w", environ={}, host="h", user="u"
+        SubmitOptions(), default_name="x", cwd="/w", environ={}, host="h", user="u"
     )
     assert spec.name == "x" and spec.depends == [] and spec.array is None

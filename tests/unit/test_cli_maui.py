@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from minibatch.cli import common, directives, resv
+from minibatch.cli import common, directives, pbsopts, resv
 from minibatch.cli.diag import render_checkjob, render_fairshare, render_priorities
 from minibatch.cli.policy import parse_params
 from minibatch.cli.qsub import make_spec
@@ -81,20 +81,22 @@ def test_policy_parameters_are_json_when_they_parse():
 
 
 def test_qsub_takes_qos_advres_and_account():
-    spec = make_spec(
+    made = make_spec(
         ["-A", "physics", "-l", "qos=high,advres=lab.1", "--", "true"],
         environ={},
         workdir="/w",
         host="h",
         user="u",
     )
+    assert made is not None
+    spec = made[0]
     assert isinstance(spec, JobSpec)
     assert (spec.account, spec.qos, spec.advres) == ("physics", "high", "lab.1")
     script = "#!/bin/sh\n#SBATCH --qos=debug --reservation=r -A chem\ntrue\n"
-    opts = directives.parse_directives(script, "s.sh", {})
+    opts = directives.parse_directives(script, "s.sh", directives.Context({}, 0.0))
     assert (opts.qos, opts.advres, opts.account) == ("debug", "r", "chem")
     with pytest.raises(InvalidArgument, match="invalid QOS"):
-        directives.apply_resources(directives.SubmitOptions(), "qos=a b")
+        pbsopts.apply_resources(directives.SubmitOptions(), "qos=a b")
 
 
 def reservation(

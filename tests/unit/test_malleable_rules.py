@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from minibatch.cli.directives import parse_directives, parse_malleable
+from minibatch.cli.directives import Context, parse_directives
+from minibatch.cli.slurmopts import parse_malleable
 from minibatch.cli.qsub import make_spec
 from minibatch.core.job import (
     JobRequest,
@@ -36,7 +37,8 @@ ENV = {"HOME": "/home/alice", "PATH": "/usr/bin"}
 
 
 def spec_for(argv: list[str]) -> JobSpec | None:
-    return make_spec(argv, environ=ENV, workdir="/w", host="ws", user="alice")
+    made = make_spec(argv, environ=ENV, workdir="/w", host="ws", user="alice")
+    return None if made is None else made[0]
 
 
 # ------------------------------------------------------------------ qsub
@@ -46,9 +48,9 @@ def test_malleable_range_from_the_command_line_and_directives():
     spec = spec_for(["-l", "ncpus=4", "-l", "malleable=2-8", "--", "run"])
     assert spec is not None and spec.request.malleable == (2, 8)
     assert spec.request.ppn == 4
-    pbs = parse_directives("#PBS -l ncpus=2,malleable=1-4\n", "j.sh", ENV)
+    pbs = parse_directives("#PBS -l ncpus=2,malleable=1-4\n", "j.sh", Context(ENV, 0.0))
     assert pbs.malleable == (1, 4)
-    slurm = parse_directives("#SBATCH --malleable=2-8 -c 4\n", "j.sh", ENV)
+    slurm = parse_directives("#SBATCH --malleable=2-8 -c 4\n", "j.sh", Context(ENV, 0.0))
     assert slurm.malleable == (2, 8)
 
 

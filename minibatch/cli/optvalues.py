@@ -1,0 +1,192 @@
+"""Values of qsub and sbatch options: arrays, dependencies, variables, dates.
+
+Pure functions shared by the PBS (:mod:`minibatch.cli.pbsopts`) and Slurm
+(:mod:`minibatch.cli.slurmopts`) option tables; each raises
+:class:`InvalidArgument` naming what is wrong with the value.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+
+from minibatch.core.job import Dependency, DependKind
+from minibatch.errors import InvalidArgument
+
+#: Guards against ``-t 0-999999999`` turning into a billion job records.
+MAX_ARRAY = 100_000
+
+_ARRAY_ITEM = re.compile(r"^(\d+)(?:-(\d+)(?:[:](\d+))?)?$")
+_JOB_REF = re.compile(r"^(\d+)(?:\[(\d*)\])?(?:\.[\w.-]+)?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_WORD = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,63}$")
+_PBS_DATE = re.compile(r"^(\d{2,12})(?:\.(\d{2}))?$")
+_CLOCK = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?\s*([AaPp][Mm])?$")
+_ISO = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:T(\d{1,2}):(\d{2})(?::(\d{2}))?)?$")
+_SLASH = re.compile(r"^(\d{1,2})[/.](\d{1,2})(?:[/.](\d{2}))?$")
+_RELATIVE = re.compile(r"^now(?:\+(\d+)(seconds?|minutes?|hours?|days?|weeks?)?)?$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+#: Slurm's named times of day (sbatch --begin).
+_NAMED = {"midnight": 0, "noon": 12, "fika": 15, "teatime": 16}
+
+#: Dependency types as PBS and Slurm spell them -> (kind, whole array).
+_DEPEND_KINDS = {
+    "afterok": (DependKind.AFTEROK, False),
+    "afternotok": (DependKind.AFTERNOTOK, False),
+    "afterany": (DependKind.AFTERANY, False),
+    "afterokarray": (DependKind.AFTEROK, True),
+    "afternotokarray": (DependKind.AFTERNOTOK, True),
+    "afteranyarray": (DependKind.AFTERANY, True),
+}
+
+
+def check_word(value: str, what: str) -> str:
+    """A QOS, account, project or queue name: letters, digits and ``_ . - @ +``."""
+    if not _WORD.match(value):
+        raise InvalidArgument(f"invalid {what} {value!r}")
+    return value
+
+
+def parse_array(text: str) -> tuple[list[int], int]:
+    """``1-10``, ``1,3,5-7``, ``0-15:2``, each optionally ``%N`` -> (sorted unique
+    indices, the most tasks that may run at once, 0 for no limit)."""
+    spec, pct, limit_text = text.strip().partition("%")
+    limit = 0
+    if pct:
+        if not limit_text.isdigit() or int(limit_text) < 1:
+            raise InvalidArgument(
+                f"malformed array slot limit in {text!r} (e.g. 1-10%2)"
+            )
+        limit = int(limit_text)
+    indices: set[int] = set()
+    for item in spec.split(","):
+        m = _ARRAY_ITEM.match(item.strip())
+        if m is None:
+            raise InvalidArgument(f"malformed array range {text!r} (e.g. 1-10,12)")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        step = int(m.group(3)) if m.group(3) else 1
+        if hi < lo or step < 1:
+            raise InvalidArgument(f"malformed array range {item!r} in {text!r}")
+        if len(indices) + (hi - lo) // step + 1 > MAX_ARRAY:
+            raise InvalidArgument(f"array {text!r} has more than {MAX_ARRAY} tasks")
+        indices.update(range(lo, hi + 1, step))
+    return sorted(indices), limit
+
+
+def parse_depend(text: str) -> list[Dependency]:
+    """``afterok:1:2,afterany:3``, ``afterokarray:5[]`` -> dependencies (all must
+    hold, as in PBS; ``5[]`` stands for every task of array 5)."""
+    if "?" in text:
+        raise InvalidArgument(f"'?' (any-of) dependencies are not supported: {text!r}")
+    deps: list[Dependency] = []
+    for clause in text.split(","):
+        kind_text, _, ids = clause.strip().partition(":")
+        found = _DEPEND_KINDS.get(kind_text.lower())
+        if found is None:
+            supported = ", ".join(_DEPEND_KINDS)
+            raise InvalidArgument(
+                f"unsupported dependency type {kind_text!r} (supported: {supported})"
+            )
+        kind, whole = found
+        if not ids:
+            raise InvalidArgument(f"dependency {clause!r} names no job")
+        for ref in ids.split(":"):
+            m = _JOB_REF.match(ref.strip())  # 123, 123.server, 123[] or 123[4]
+            if m is None:
+                raise InvalidArgument(f"malformed job id {ref!r} in a dependency")
+            brackets = m.group(2)
+            if whole != (brackets == "" and "[" in ref):
+                want = f"{kind_text}:ID[]" if whole else f"{kind_text}:ID"
+                raise InvalidArgument(f"dependency {clause!r}: expected {want}")
+            dep = Dependency(kind, int(m.group(1)), whole)
+            if dep not in deps:
+                deps.append(dep)
+    return deps
+
+
+def parse_env_list(text: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """``A=1,B=2,C`` -> variables; a bare name takes its value from ``environ``."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not _ENV_NAME.match(name):
+            raise InvalidArgument(f"malformed variable {item!r} in {text!r}")
+        out[name] = value if sep else environ.get(name, "")
+    return out
+
+
+def _at(now: float, year: int, month: int, day: int, h: int, m: int, s: int) -> float:
+    try:
+        when = time.mktime((year, month, day, h, m, s, 0, 0, -1))
+    except (OverflowError, ValueError):
+        raise InvalidArgument("date out of range") from None
+    check = time.localtime(when)
+    if (check.tm_mon, check.tm_mday) != (month, day) or not 0 <= h < 24 or m > 59:
+        raise InvalidArgument("no such date or time")
+    return when
+
+
+def _next_clock(now: float, h: int, m: int, s: int) -> float:
+    """Today at h:m:s, or tomorrow when that has passed (PBS and Slurm alike)."""
+    t = time.localtime(now)
+    when = _at(now, t.tm_year, t.tm_mon, t.tm_mday, h, m, s)
+    return when if when > now else _at(now, t.tm_year, t.tm_mon, t.tm_mday + 1, h, m, s)
+
+
+def parse_pbs_date(text: str, now: float) -> float:
+    """qsub ``-a [[[[CC]YY]MM]DD]hhmm[.SS]`` -> epoch seconds (local time)."""
+    m = _PBS_DATE.match(text.strip())
+    if m is None or len(m.group(1)) % 2:
+        raise InvalidArgument(
+            f"malformed date {text!r} (expected [[[[CC]YY]MM]DD]hhmm[.SS])"
+        )
+    digits, sec = m.group(1), int(m.group(2) or 0)
+    pairs = [int(digits[i : i + 2]) for i in range(0, len(digits), 2)]
+    hh, mm = pairs[-2], pairs[-1]
+    rest = pairs[:-2]
+    t = time.localtime(now)
+    if not rest:
+        return _next_clock(now, hh, mm, sec)
+    day = rest[-1]
+    month = rest[-2] if len(rest) >= 2 else t.tm_mon
+    if len(rest) >= 4:
+        year = rest[-4] * 100 + rest[-3]
+    elif len(rest) == 3:
+        year = 2000 + rest[-3]
+    else:
+        year = t.tm_year
+    return _at(now, year, month, day, hh, mm, sec)
+
+
+def parse_slurm_begin(text: str, now: float) -> float:
+    """sbatch ``--begin``: ``HH:MM[:SS] [AM|PM]``, ``YYYY-MM-DD[THH:MM[:SS]]``,
+    ``MM/DD[/YY]``, ``now[+N[units]]``, midnight, noon, fika, teatime, today,
+    tomorrow -> epoch seconds (local time)."""
+    value = text.strip().lower()
+    t = time.localtime(now)
+    if m := _RELATIVE.match(value):
+        count = int(m.group(1) or 0)
+        unit = _UNIT[(m.group(2) or "s")[0]]
+        return now + count * unit
+    if value in _NAMED:
+        return _next_clock(now, _NAMED[value], 0, 0)
+    if value in ("today", "tomorrow"):
+        extra = 1 if value == "tomorrow" else 0
+        return _at(now, t.tm_year, t.tm_mon, t.tm_mday + extra, 0, 0, 0)
+    if m := _CLOCK.match(value):
+        h, mi, s = int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+        if m.group(4):
+            h = h % 12 + (12 if m.group(4).lower() == "pm" else 0)
+        return _next_clock(now, h, mi, s)
+    if m := _ISO.match(value.upper()):
+        y, mo, d, h, mi, s = (int(g or 0) for g in m.groups())
+        return _at(now, y, mo, d, h, mi, s)
+    if m := _SLASH.match(value):
+        year = 2000 + int(m.group(3)) if m.group(3) else t.tm_year
+        return _at(now, year, int(m.group(1)), int(m.group(2)), 0, 0, 0)
+    raise InvalidArgument(
+        f"malformed begin time {text!r} (e.g. 16:00, 2026-12-01T08:00, now+1hour)"
+    )

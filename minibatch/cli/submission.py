@@ -1,0 +1,297 @@
+"""From parsed options to the :class:`JobSpec` qsub and sbatch send.
+
+Everything that can be checked on the submitting side is checked here, before
+anything is sent: the working directory and the output directories exist, the
+request is well formed. Paths are made absolute here, with the rules of the tool
+the options came from (PBS: relative to where qsub ran; Slurm: to the job's
+working directory); job-id patterns (``%j``, ``^array_index^``,
+``$PBS_JOBID``) are left for the server, which knows the ids.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NoReturn
+
+import msgspec
+
+from minibatch.cli.directives import QUEUE, SubmitOptions
+from minibatch.core.job import Job, JobOptions, JobRequest, JobSpec
+from minibatch.core.resize import check_range
+from minibatch.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from minibatch.protocol.messages import Submitted
+
+#: The submitter's variables PBS passes to every job as PBS_O_<NAME>.
+_ORIGIN_VARS = ("HOME", "LANG", "PATH", "MAIL", "SHELL", "TZ")
+_HOST_PREFIX = re.compile(r"^([A-Za-z0-9_.-]+):(?=[^:]*$)")
+#: Parts of an output path the server fills in per job.
+_PATTERN = re.compile(r"%[0-9]*[AajJxuNnst%]|\^array_index\^|\$\{?PBS_\w+\}?")
+_SENDMAIL = ("/usr/sbin/sendmail", "/usr/lib/sendmail")
+
+
+def can_mail() -> bool:
+    """Whether this machine has a sendmail to hand job mail to."""
+    return any(os.access(p, os.X_OK) for p in _SENDMAIL)
+
+
+def to_request(opts: SubmitOptions) -> JobRequest:
+    """The resource request.
+
+    Slurm tasks go onto the nodes evenly, rounded up; ``--mem`` is per node and
+    ``--mem-per-cpu`` per CPU, PBS's ``mem=`` is for the whole job.
+    """
+    nodes = opts.nodes or 1
+    per_task = opts.cpus_per_task or 1
+    if opts.ppn is not None:
+        ppn = opts.ppn
+    elif opts.tasks_per_node is not None:
+        ppn = opts.tasks_per_node * per_task
+        if opts.nodes is None and opts.ntasks:
+            nodes = -(-opts.ntasks // opts.tasks_per_node)
+    elif opts.ntasks is not None or opts.cpus_per_task is not None:
+        ppn = -(-(opts.ntasks or 1) // nodes) * per_task
+    else:
+        ppn = 1
+    mem_kb = opts.mem_kb
+    if opts.mem_per_node_kb is not None:
+        mem_kb = opts.mem_per_node_kb * nodes
+    elif opts.mem_per_cpu_kb is not None:
+        mem_kb = opts.mem_per_cpu_kb * ppn * nodes
+    request = JobRequest(
+        nodes=nodes,
+        ppn=ppn,
+        mem_kb=mem_kb,
+        malleable=opts.malleable,
+        gpus=opts.gpus or 0,
+    )
+    check_range(request.malleable, request.ppn, request.nodes)
+    if opts.walltime is not None:
+        # Unset stays at JobRequest's default, which the server treats as its own.
+        request = msgspec.structs.replace(request, walltime=opts.walltime)
+    return request
+
+
+def origin_env(
+    environ: Mapping[str, str], *, workdir: str, host: str, user: str, queue: str
+) -> dict[str, str]:
+    """The PBS_O_* variables PBS gives every job about where it was submitted."""
+    env = {f"PBS_O_{var}": environ[var] for var in _ORIGIN_VARS if var in environ}
+    env.update(
+        PBS_O_WORKDIR=workdir,
+        PBS_O_HOST=host,
+        PBS_O_LOGNAME=user,
+        PBS_O_QUEUE=queue or QUEUE,
+    )
+    return env
+
+
+def output_path(
+    given: str | None, base: str, host: str, opts: SubmitOptions, what: str
+) -> str | None:
+    """An absolute output path, or None for the default name.
+
+    ``host:path`` is accepted (there is one host); a directory (existing, or
+    written with a trailing ``/``) keeps its trailing ``/`` so that the server
+    puts the default name inside it. Its directory must exist now: a job that
+    could only fail at its start is refused at submission.
+    """
+    if not given:
+        return None
+    path = given
+    m = _HOST_PREFIX.match(path)
+    if m is not None and not path.startswith("/"):
+        if m.group(1) not in (host, host.split(".")[0], "localhost"):
+            opts.note(f"{what} {given}", f"written on this host, not on {m.group(1)}")
+        path = path[m.end() :]
+    if not path.startswith("$"):  # $PBS_O_WORKDIR/...: the server fills it in
+        path = os.path.join(base, os.path.expanduser(path))
+    if _PATTERN.search(os.path.dirname(path)):
+        return path  # the directory depends on the job: checked when it starts
+    if path.endswith("/") or os.path.isdir(path):
+        if not os.path.isdir(path):
+            raise InvalidArgument(f"{what} {given}: directory {path} does not exist")
+        return path.rstrip("/") + "/"
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise InvalidArgument(f"{what} {given}: directory {parent} does not exist")
+    return path
+
+
+def job_workdir(opts: SubmitOptions, cwd: str) -> str:
+    """``-d``/``-w``/``--chdir`` (relative to where qsub runs), else ``cwd``."""
+    if opts.workdir is None:
+        return cwd
+    path = os.path.normpath(os.path.join(cwd, os.path.expanduser(opts.workdir)))
+    if not os.path.isdir(path):
+        raise InvalidArgument(f"working directory {opts.workdir} does not exist")
+    return path
+
+
+def job_options(opts: SubmitOptions) -> JobOptions:
+    sig, secs, shell_only = opts.warn or (0, 0, False)
+    return JobOptions(
+        shell=opts.shell or "",
+        script_args=opts.script_args or [],
+        rerunnable=opts.rerunnable if opts.rerunnable is not None else True,
+        keep=opts.keep or "",
+        umask=opts.umask,
+        append=bool(opts.append),
+        begin=opts.begin,
+        priority=opts.priority or 0,
+        cput=opts.cput,
+        pmem_kb=opts.pmem_kb,
+        vmem_kb=opts.vmem_kb,
+        warn_signal=sig,
+        warn_seconds=secs,
+        warn_shell_only=shell_only,
+        mail_points=opts.mail_points if opts.mail_points is not None else "a",
+        mail_users=opts.mail_users or [],
+        features=opts.features or [],
+        ntasks=opts.ntasks or 0,
+        cpus_per_task=opts.cpus_per_task or 0,
+        tasks_per_node=opts.tasks_per_node or 0,
+        array_limit=opts.array_limit or 0,
+        project=opts.project or "",
+        recorded=dict(opts.recorded),
+        group=opts.group or "",
+        slurm=opts.slurm,
+    )
+
+
+def build_spec(
+    opts: SubmitOptions,
+    *,
+    default_name: str,
+    cwd: str,
+    environ: Mapping[str, str],
+    host: str,
+    user: str,
+    script: str | None = None,
+    argv: list[str] | None = None,
+    submit_args: str = "",
+) -> JobSpec:
+    """The JobSpec for the merged options ``opts``.
+
+    Args:
+        opts: Directives and command-line options, already merged.
+        default_name: The name when no option gives one.
+        cwd: Where the command runs (the job's default working directory).
+        environ: The submitter's environment.
+        host: The submit host, for PBS_O_HOST.
+        user: The submitter's login name, for PBS_O_LOGNAME.
+        script: The script's text, or None for a command job.
+        argv: The command for ``qsub -- COMMAND``, or None for a script.
+        submit_args: The arguments, kept for ``qstat -f``.
+    """
+    workdir = job_workdir(opts, cwd)
+    export_all = opts.export_all
+    if export_all is None:
+        export_all = opts.slurm  # sbatch's default is --export=ALL
+    queue = ",".join(opts.queues or [])
+    env = dict(environ) if export_all else {}
+    env.update(origin_env(environ, workdir=cwd, host=host, user=user, queue=queue))
+    env.update(opts.env)
+    base = workdir if opts.slurm else cwd
+    stdout = output_path(opts.stdout_path, base, host, opts, "-o")
+    stderr = output_path(opts.stderr_path, base, host, opts, "-e")
+    join = opts.join == "oe"
+    if opts.join == "eo":
+        join = True
+        if stderr is not None:
+            stdout = stderr
+        else:
+            opts.note("-j eo", "both streams go to the output file NAME.oID")
+    elif opts.join is None and opts.slurm:
+        join = stderr is None  # Slurm writes both streams to one file by default
+    if opts.slurm and stdout is None:
+        pattern = "slurm-%A_%a.out" if opts.array else "slurm-%j.out"
+        stdout = os.path.join(workdir, pattern)
+    if opts.slurm and stderr is None and not join:
+        stderr = stdout
+    return JobSpec(
+        name=opts.name or default_name,
+        workdir=workdir,
+        request=to_request(opts),
+        script=script,
+        argv=argv,
+        env=env,
+        stdout_path=stdout,
+        stderr_path=stderr,
+        join=join,
+        depends=opts.depends or [],
+        hold=bool(opts.hold),
+        array=opts.array,
+        submit_args=submit_args,
+        account=opts.account or opts.project or "",
+        qos=opts.qos or "",
+        advres=opts.advres or "",
+        queue=queue,
+        options=job_options(opts),
+        walltime_given=opts.walltime is not None,
+    )
+
+
+def login_name() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def read_script(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise InvalidArgument(f"script {path} is not a text file") from None
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read script {path}: {exc.strerror}") from None
+
+
+def submit(spec: JobSpec, opts: SubmitOptions, prog: str) -> Submitted:
+    """Send the job; the notes (ours, then the server's) go to stderr."""
+    from minibatch.cli import common
+    from minibatch.protocol.messages import Submit
+
+    reply: Submitted = common.call(Submit(spec=spec))
+    for line in [*opts.notes, *reply.notes]:
+        print(f"{prog}: note: {line}", file=sys.stderr)
+    return reply
+
+
+def wait_for_end(ids: list[int], prog: str) -> NoReturn:
+    """``-W block=true`` / ``--wait``: exit with the job's exit status (the
+    highest of an array's) once every job has ended."""
+    from minibatch.cli import common
+    from minibatch.protocol.messages import QueryJobs
+
+    pause = 0.05
+    selectors = [str(i) for i in ids]
+    while True:
+        reply = common.call(QueryJobs(selectors=selectors, finished=True, active=True))
+        jobs = reply.jobs
+        if jobs and all(j.end_time is not None for j in jobs):
+            break
+        time.sleep(pause)
+        pause = min(1.0, pause * 1.5)
+    status = max((_exit_status(j) for j in jobs), default=0)
+    if status:
+        print(
+            f"{prog}: job {jobs[0].display_id} ended with exit status {status}",
+            file=sys.stderr,
+        )
+    raise SystemExit(min(status, 255))
+
+
+def _exit_status(job: Job) -> int:
+    if job.exit_status is not None:
+        return job.exit_status
+    return 128 + job.signal if job.signal else 1

@@ -1,0 +1,194 @@
+"""The whole qsub/sbatch option set: what is honoured, what is recorded with a
+note, and what is refused (only malformed values and contradictions)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from minibatch.cli.directives import Context, parse_directives
+from minibatch.cli.optvalues import parse_depend, parse_pbs_date, parse_slurm_begin
+from minibatch.cli.qsub import make_spec
+from minibatch.cli.sbatch import make_spec as sbatch_spec
+from minibatch.cli.submission import to_request
+from minibatch.core.job import Dependency, DependKind
+from minibatch.errors import InvalidArgument
+
+ENV = {"HOME": "/home/alice", "PATH": "/usr/bin", "USER": "alice"}
+NOW = time.mktime((2026, 11, 24, 10, 0, 0, 0, 0, -1))
+CTX = Context(ENV, NOW, mail=False)
+
+
+def directives(text: str):
+    return parse_directives(text, "job.sh", CTX)
+
+
+def qsub(tmp_path, text: str, *argv: str):
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    made = make_spec(
+        [*argv, str(script)],
+        environ=ENV,
+        workdir=str(tmp_path),
+        host="ws",
+        user="alice",
+        now=NOW,
+        mail=False,
+    )
+    assert made is not None
+    return made
+
+
+def test_torque_nodes_with_gpus_and_properties():
+    opts = directives("#PBS -l nodes=2:ppn=16:gpus=1:xe\n")
+    assert (opts.nodes, opts.ppn, opts.gpus, opts.features) == (2, 16, 1, ["xe"])
+    opts = directives("#PBS -l nodes=1:ppn=4+2:ppn=2\n")
+    assert (opts.nodes, opts.ppn) == (3, 4)
+    assert any("run as 3 nodes of 4 CPUs" in n for n in opts.notes)
+
+
+def test_pbs_pro_select_place_and_project():
+    opts = directives(
+        "#PBS -l select=2:ncpus=8:mpiprocs=8:ngpus=1:mem=4gb\n"
+        "#PBS -l place=scatter:excl\n#PBS -P climate\n"
+    )
+    assert (opts.nodes, opts.ppn, opts.gpus, opts.mem_kb) == (2, 8, 1, 8 * 1024**2)
+    assert opts.recorded["place"] == "scatter:excl"
+    assert opts.recorded["mpiprocs"] == "8"
+    assert opts.project == "climate"
+
+
+def test_recorded_options_say_why():
+    opts = directives(
+        "#PBS -m abe -M a@b.c\n#PBS -c enabled -W stagein=x@h:/y\n"
+        "#PBS -l mppwidth=64,file=10gb\n#PBS -W group_list=hpc\n"
+    )
+    assert opts.mail_points == "abe" and opts.mail_users == ["a@b.c"]
+    assert any("no sendmail" in n for n in opts.notes)
+    assert set(opts.recorded) >= {"-c", "stagein", "mppwidth", "file"}
+    assert opts.group == "hpc"
+    assert all(": " in n for n in opts.notes)
+
+
+def test_honoured_pbs_options():
+    opts = directives(
+        "#PBS -S /bin/bash -r n -k oe -W umask=027 -p -10\n"
+        "#PBS -l cput=01:00:00,pmem=1gb,vmem=2gb\n#PBS -t 1-10%2\n"
+        "#PBS -W block=true -a 1130 -d /tmp\n"
+    )
+    assert (opts.shell, opts.rerunnable, opts.keep) == ("/bin/bash", False, "oe")
+    assert (opts.umask, opts.priority, opts.cput) == (0o27, -10, 3600)
+    assert (opts.pmem_kb, opts.vmem_kb) == (1024**2, 2 * 1024**2)
+    assert (opts.array, opts.array_limit) == (list(range(1, 11)), 2)
+    assert opts.block and opts.workdir == "/tmp"
+    assert opts.begin == NOW + 5400
+
+
+def test_sbatch_abbreviations_spaces_and_comments():
+    opts = directives(
+        "#!/bin/bash\n"
+        "#SBATCH --time 00:30:00   # don't change this, it's the queue's limit\n"
+        "#SBATCH --cpus-per-t=4 --ntasks-per-node 2 -N 2\n"
+        "#SBATCH --mem-per-cpu=1G --mail-t=END,FAIL --mail-user=me@x\n"
+        "#SBATCH -C gpu -p debug,short --signal=B:USR1@120 --no-requeue\n"
+        "#SBATCH --gres=gpu:2 --exclusive --hint=nomultithread\n"
+    )
+    assert opts.walltime == 1800
+    req = to_request(opts)
+    assert (req.nodes, req.ppn, req.mem_kb, req.gpus) == (2, 8, 16 * 1024**2, 2)
+    assert opts.mail_points == "ae" and opts.features == ["gpu"]
+    assert opts.queues == ["debug", "short"]
+    assert opts.warn == (signal.SIGUSR1.value, 120, True)
+    assert opts.rerunnable is False
+    assert set(opts.recorded) == {"--exclusive", "--hint"}
+
+
+def test_slurm_ntasks_per_node_sets_the_node_count():
+    req = to_request(directives("#SBATCH --ntasks=8 --ntasks-per-node=4\n"))
+    assert (req.nodes, req.ppn) == (2, 4)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("now+60", NOW + 60),
+        ("now+2hours", NOW + 7200),
+        ("16:00", NOW + 6 * 3600),
+        ("09:00", NOW + 23 * 3600),
+        ("2026-11-25T08:30", time.mktime((2026, 11, 25, 8, 30, 0, 0, 0, -1))),
+        ("tomorrow", time.mktime((2026, 11, 25, 0, 0, 0, 0, 0, -1))),
+        ("teatime", NOW + 6 * 3600),
+    ],
+)
+def test_slurm_begin(text, expected):
+    assert parse_slurm_begin(text, NOW) == expected
+
+
+def test_pbs_dates():
+    assert parse_pbs_date("1130", NOW) == NOW + 5400
+    assert parse_pbs_date("0930", NOW) == NOW + 23.5 * 3600
+    assert parse_pbs_date("202612010800", NOW) == time.mktime(
+        (2026, 12, 1, 8, 0, 0, 0, 0, -1)
+    )
+    with pytest.raises(InvalidArgument):
+        parse_pbs_date("2613", NOW)
+
+
+def test_array_dependencies():
+    assert parse_depend("afterokarray:5[]") == [
+        Dependency(DependKind.AFTEROK, 5, True)
+    ]
+    with pytest.raises(InvalidArgument, match=r"expected afterokarray:ID\[\]"):
+        parse_depend("afterokarray:5")
+
+
+def test_spec_options_paths_and_account(tmp_path):
+    (tmp_path / "logs").mkdir()
+    spec, _ = qsub(
+        tmp_path,
+        "#PBS -o ws:logs/ -e logs/err.^array_index^ -J 1-4 -P proj -F 'a b'\ntrue\n",
+    )
+    assert spec.stdout_path == f"{tmp_path}/logs/"
+    assert spec.stderr_path == f"{tmp_path}/logs/err.^array_index^"
+    assert spec.account == "proj" and spec.options.project == "proj"
+    assert spec.options.script_args == ["a", "b"]
+    spec, _ = qsub(tmp_path, "#PBS -A acct -P proj\ntrue\n")
+    assert spec.account == "acct"
+
+
+def test_missing_directories_are_refused_at_submission(tmp_path):
+    with pytest.raises(InvalidArgument, match="directory .*/nope does not exist"):
+        qsub(tmp_path, "#PBS -o nope/out.txt\ntrue\n")
+    with pytest.raises(InvalidArgument, match="working directory nope does not exist"):
+        qsub(tmp_path, "#PBS -d nope\ntrue\n")
+    # A directory filled in per job is checked when the job starts.
+    spec, _ = qsub(tmp_path, "#SBATCH -o %u/%j.out\ntrue\n")
+    assert spec.stdout_path == f"{tmp_path}/%u/%j.out"
+
+
+def test_directive_prefix(tmp_path):
+    spec, _ = qsub(tmp_path, "#MY -N custom\n#PBS -N ignored\ntrue\n", "-C", "#MY")
+    assert spec.name == "custom"
+
+
+def test_sbatch_command_line(tmp_path):
+    script = tmp_path / "s.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -n 2\n#PBS -N frompbs\necho\n")
+    made = sbatch_spec(
+        ["--export=NONE,X=1", "-J", "cli", str(script), "arg1"],
+        environ=ENV,
+        workdir=str(tmp_path),
+        host="ws",
+        user="alice",
+        now=NOW,
+    )
+    assert made is not None
+    spec, _ = made
+    assert spec.name == "cli" and spec.request.ppn == 2
+    assert "PATH" not in spec.env and spec.env["X"] == "1"
+    assert spec.options.script_args == ["arg1"] and spec.options.slurm
+    with pytest.raises(InvalidArgument, match="first line must start with #!"):
+        (tmp_path / "bad.sh").write_text("echo\n")
+        sbatch_spec([str(tmp_path / "bad.sh")], environ=ENV, workdir=str(tmp_path))
