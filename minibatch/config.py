@@ -80,6 +80,8 @@ class ServerConfig(
     operators: list[str] = []
     #: "normal" survives a crash of the server process; "full" also a power cut.
     sqlite_synchronous: str = "normal"
+    #: The sendmail job mail goes through ("" = /usr/sbin/sendmail if present).
+    sendmail: str = ""
 
 
 class SchedulerConfig(

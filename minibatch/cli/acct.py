@@ -2,6 +2,9 @@
 
     mb acct [-j ID[,ID]] [-u USER] [-S SINCE] [-o FIELD[%W],...] [--json]
 
+With ``--json``, each job is its whole record, or only the ``-o`` fields when
+they are given (as the table spells them: ``{"JobID": "3", "State": ...}``).
+
 States are spelled as Slurm spells them (COMPLETED, FAILED, CANCELLED, TIMEOUT,
 OUT_OF_MEMORY, NODE_FAIL) and the exit code is ``code:signal``. Naming jobs with
 ``-j`` shows them whatever their state.
@@ -19,6 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from minibatch.cli import common, render
+from minibatch.core.job import Job
 from minibatch.errors import InvalidArgument
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
@@ -47,6 +51,12 @@ def parse_acct_format(spec: str) -> list[tuple[str, int]]:
             width = int(width_text)
         columns.append((name, width))
     return columns
+
+
+def acct_record(job: Job, columns: list[tuple[str, int]], now: float) -> dict[str, str]:
+    """``--format`` with ``--json``: only those fields, as the table shows
+    them (uncut: widths are for the table)."""
+    return {name: render.ACCT_FIELDS[name][1](job, now) for name, _ in columns}
 
 
 def parse_since(text: str, now: float) -> float:
@@ -129,9 +139,12 @@ def acct_command(
         layout = [(n.name, len(n.cpus)) for n in nodes.nodes]
         sys.stdout.write(export_swf(found, nodes=layout))
     elif as_json:
-        sys.stdout.write(
-            json.dumps([render.job_record(j) for j in found], indent=2) + "\n"
+        records = (
+            [render.job_record(j) for j in found]
+            if fields is None
+            else [acct_record(j, columns, now) for j in found]
         )
+        sys.stdout.write(json.dumps(records, indent=2) + "\n")
     else:
         sys.stdout.write(render.acct_table(found, columns, now))
 

@@ -15,6 +15,7 @@ from minibatch.cli import (
     common,
     diag,
     jobctl,
+    pbsctl,
     pbsnodes,
     policy,
     qstat,
@@ -43,6 +44,14 @@ app.command("qdel", context_settings=jobctl.CONTEXT_SETTINGS)(jobctl.qdel_comman
 app.command("qhold", context_settings=jobctl.CONTEXT_SETTINGS)(jobctl.qhold_command)
 app.command("qrls", context_settings=jobctl.CONTEXT_SETTINGS)(jobctl.qrls_command)
 app.command("qalter", context_settings=jobctl.CONTEXT_SETTINGS)(jobctl.qalter_command)
+for _pbs_name, _pbs_command in (
+    ("qselect", pbsctl.qselect_command),
+    ("qsig", pbsctl.qsig_command),
+    ("qrerun", pbsctl.qrerun_command),
+    ("qmove", pbsctl.qmove_command),
+    ("tracejob", pbsctl.tracejob_command),
+):
+    app.command(_pbs_name, context_settings=pbsctl.CONTEXT_SETTINGS)(_pbs_command)
 app.command("pbsnodes", context_settings=pbsnodes.CONTEXT_SETTINGS)(
     pbsnodes.pbsnodes_command
 )

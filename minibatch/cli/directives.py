@@ -35,6 +35,8 @@ class Context(NamedTuple):
     environ: Mapping[str, str]
     now: float
     mail: bool = True
+    #: The submitter's login name (``qsub -u`` may only name them).
+    user: str = ""
 
 
 # A Struct, not a dataclass: importing dataclasses costs qsub milliseconds.
@@ -57,6 +59,10 @@ class SubmitOptions(msgspec.Struct, kw_only=True):
     mem_per_node_kb: int | None = None
     mem_per_cpu_kb: int | None = None
     gpus: int | None = None
+    #: Slurm's other GPU forms, folded into GPUs per node at submission.
+    gpus_total: int | None = None
+    gpus_per_task: int | None = None
+    mem_per_gpu_kb: int | None = None
     walltime: int | None = None
     depends: list[Dependency] | None = None
     hold: bool | None = None
@@ -97,6 +103,8 @@ class SubmitOptions(msgspec.Struct, kw_only=True):
     #: ``-z`` / ``--parsable`` / ``--quiet``: print the id only, or nothing.
     quiet: bool | None = None
     parsable: bool | None = None
+    #: ``--test-only``: check everything, submit nothing.
+    test_only: bool | None = None
     #: ``--wrap``: a command line to run as the script.
     wrap: str | None = None
     #: ``--ignore-pbs``: skip ``#PBS`` lines.

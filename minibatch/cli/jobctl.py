@@ -1,18 +1,25 @@
 """``qdel``, ``qhold``, ``qrls`` and ``qalter``: act on jobs already submitted.
 
-Like their PBS namesakes they print nothing on success. ``qalter`` changes a
-pending job's name, walltime or CPU count.
+Like their PBS namesakes they print nothing on success, and act on each id on
+its own: ``qdel 13 14`` deletes 13 even when 14 is unknown, says
+``qdel: Unknown Job Id 14`` on stderr and exits 1 (2 if an id was malformed).
+``qalter`` changes a pending job's name, walltime or CPU count.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from minibatch.cli import common, pbsopts
 from minibatch.core.units import parse_duration
-from minibatch.errors import InvalidArgument
+from minibatch.errors import ErrorCode, InvalidArgument
+
+if TYPE_CHECKING:
+    from minibatch.protocol.messages import Message
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
 
@@ -26,12 +33,42 @@ _IdsArg = Annotated[
 ]
 
 
-def _control(prog: str, action: str, job_ids: list[str]) -> None:
-    with common.reporting(prog):
-        selectors = [common.parse_selector(j) for j in job_ids]
-        from minibatch.protocol.messages import JobControl
+def per_id(
+    prog: str, job_ids: list[str], request: Callable[[list[str]], Message]
+) -> None:
+    """Send ``request(selectors)`` (a request the server acts on id by id) and
+    report each id it refused, as PBS does: the others are done all the same,
+    and the exit status is 1 if any was refused (2 if one was malformed)."""
+    selectors: dict[str, str] = {}
+    code = 0
+    for text in job_ids:
+        try:
+            selectors.setdefault(common.parse_selector(text), text)
+        except InvalidArgument as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            code = common.USAGE_EXIT
+    if selectors:
+        with common.reporting(prog):
+            reply = common.call(request(list(selectors)))
+        for refusal in reply.refused:
+            given = selectors.get(refusal.selector, refusal.selector)
+            if refusal.code == ErrorCode.NOT_FOUND:
+                print(f"{prog}: Unknown Job Id {given}", file=sys.stderr)
+            else:
+                print(f"{prog}: {refusal.message}", file=sys.stderr)
+            code = code or common.ERROR_EXIT
+    if code:
+        raise SystemExit(code)
 
-        common.call(JobControl(action=action, selectors=selectors))
+
+def _control(prog: str, action: str, job_ids: list[str]) -> None:
+    from minibatch.protocol.messages import JobControl
+
+    per_id(
+        prog,
+        job_ids,
+        lambda selectors: JobControl(action=action, selectors=selectors, each=True),
+    )
 
 
 def qdel_command(job_ids: _IdsArg) -> None:

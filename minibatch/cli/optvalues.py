@@ -96,11 +96,14 @@ def parse_depend(text: str) -> list[Dependency]:
             m = _JOB_REF.match(ref.strip())  # 123, 123.server, 123[] or 123[4]
             if m is None:
                 raise InvalidArgument(f"malformed job id {ref!r} in a dependency")
-            brackets = m.group(2)
-            if whole != (brackets == "" and "[" in ref):
-                want = f"{kind_text}:ID[]" if whole else f"{kind_text}:ID"
-                raise InvalidArgument(f"dependency {clause!r}: expected {want}")
-            dep = Dependency(kind, int(m.group(1)), whole)
+            index = m.group(2)
+            if index:  # one task: PBS names it by its own job id
+                raise InvalidArgument(
+                    f"dependency on {ref!r}: name one array task by its job id "
+                    "(qstat -t lists them), or the whole array as ID[]"
+                )
+            # afterok:5[] (PBS Pro) and afterokarray:5 (Torque): every task.
+            dep = Dependency(kind, int(m.group(1)), whole or index == "")
             if dep not in deps:
                 deps.append(dep)
     return deps

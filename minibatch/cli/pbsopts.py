@@ -20,9 +20,9 @@ from minibatch.core.units import parse_duration, parse_size_kb
 from minibatch.errors import InvalidArgument
 
 #: qsub letters that take a value; the rest of :data:`LETTERS` are flags.
-_VALUED = frozenset("aAbcCdDeFjkKlLmMNoPpqrRSTtuvwWJx")
+_VALUED = frozenset("aAbcCdDeFjkKlLmMNoPpqrRSTtuvwWJ")
 #: Flags (Torque and PBS Pro); ``-I``, ``-G`` and ``-X`` need a terminal.
-_FLAGS = frozenset("fhnVzIGX")
+_FLAGS = frozenset("fhnVzIGXx")
 LETTERS = _VALUED | _FLAGS
 
 #: Options with no effect on one machine -> why (the note the user sees).
@@ -168,7 +168,8 @@ def apply(opts: SubmitOptions, letter: str, value: str, ctx: Context) -> None:
     elif letter == "V":
         opts.export_all = True
     elif letter == "q":
-        opts.queues = [check_word(value.partition("@")[0] or "batch", "queue")]
+        queue = value.partition("@")[0]  # queue@server: one server here
+        opts.queues = [check_word(queue, "queue")] if queue else None
     elif letter == "h":
         opts.hold = True
     elif letter == "A":
@@ -200,13 +201,14 @@ def apply(opts: SubmitOptions, letter: str, value: str, ctx: Context) -> None:
     elif letter == "M":
         opts.mail_users = [u.strip() for u in value.split(",") if u.strip()]
         if not ctx.mail:
-            opts.note("-M", "no mail is sent: this machine has no sendmail")
+            opts.note("-m/-M", "no mail is sent: this machine has no sendmail")
     elif letter == "z":
         opts.quiet = True
     elif letter == "u":
-        user = ctx.environ.get("USER") or ctx.environ.get("LOGNAME") or ""
-        if any(u.split("@")[0] != user for u in value.split(",")) and user:
-            raise InvalidArgument(f"-u {value}: jobs run as their submitter ({user})")
+        if any(u.split("@")[0] != ctx.user for u in value.split(",")):
+            raise InvalidArgument(
+                f"-u {value}: jobs run as their submitter ({ctx.user})"
+            )
     elif letter in _NEED_TERMINAL:
         raise InvalidArgument(
             f"-{letter}: {_NEED_TERMINAL[letter]} are not supported; "
@@ -234,7 +236,7 @@ def _mail_points(opts: SubmitOptions, value: str, ctx: Context) -> None:
         raise InvalidArgument(f"-m {value}: expected n or letters of a, b, e")
     opts.mail_points = "" if points == "n" else "".join(c for c in "abe" if c in points)
     if points != "n" and not ctx.mail:
-        opts.note(f"-m {value}", "no mail is sent: this machine has no sendmail")
+        opts.note("-m/-M", "no mail is sent: this machine has no sendmail")
 
 
 # -------------------------------------------------------------- resources
@@ -245,7 +247,8 @@ def parse_resource_list(text: str) -> list[tuple[str, str]]:
     pairs: list[tuple[str, str]] = []
     for item in text.split(","):
         key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
+        # A bare name is a boolean resource (NCI's ``-l wd``); "name=" is not.
+        if not key.strip() or (sep and not value.strip()):
             raise InvalidArgument(f"malformed resource {item!r} (expected name=value)")
         pairs.append((key.strip().lower(), value.strip()))
     return pairs
@@ -262,6 +265,9 @@ def _nodes(opts: SubmitOptions, value: str) -> None:
     """Torque ``nodes=2:ppn=4:gpus=1:xe[+1:ppn=2]``; a name instead of a count
     asks for that host, which is a property here."""
     total, widest, gpus = 0, 1, 0
+    value, hash_, suffix = value.partition("#")  # Torque's nodes=1:ppn=4#excl
+    if hash_:
+        opts.record("nodes#", suffix, "no effect: each job is bound to its own CPUs")
     specs = value.split("+")
     for spec in specs:
         count_text, *props = spec.split(":")
@@ -322,10 +328,27 @@ def _select(opts: SubmitOptions, value: str) -> None:
         opts.gpus = gpus
 
 
+#: Resources that mean nothing without a value.
+_NEEDS_VALUE = frozenset(
+    {
+        "ncpus", "procs", "nodes", "select", "mem", "pmem", "vmem", "pvmem",
+        "walltime", "cput", "pcput", "gpus", "ngpus", "feature", "qos", "advres",
+        "malleable", "depend", "signal",
+    }
+)  # fmt: skip
+
+
 def apply_resources(opts: SubmitOptions, text: str, ctx: Context | None = None) -> None:
     """Apply a ``-l`` list to ``opts``."""
     for key, value in parse_resource_list(text):
-        if key in ("ncpus", "procs"):
+        if not value:
+            if key in _NEEDS_VALUE:
+                raise InvalidArgument(
+                    f"malformed resource {key!r} (expected {key}=...)"
+                )
+            if key != "wd":  # wd: start in the submission directory, as always
+                opts.record(key, "", "no effect: unknown resource, recorded only")
+        elif key in ("ncpus", "procs"):
             opts.nodes, opts.ppn = 1, positive_int(value, key)
         elif key == "nodes":
             _nodes(opts, value)
@@ -344,7 +367,16 @@ def apply_resources(opts: SubmitOptions, text: str, ctx: Context | None = None) 
         elif key in ("gpus", "ngpus"):
             opts.gpus = positive_int(value, key)
         elif key == "feature":
-            _add_features(opts, value.replace("|", ":").split(":"))
+            if "|" in value:  # Moab: any one of them
+                opts.record(
+                    key, value, "no effect: only all-of (a:b) lists are matched"
+                )
+            else:
+                _add_features(opts, value.split(":"))
+        elif key == "gres" and value.lower().startswith("gpu"):
+            from minibatch.cli.slurmopts import apply_gres
+
+            apply_gres(opts, value)
         elif key == "qos":
             opts.qos = check_word(value, "QOS")
         elif key == "advres":

@@ -1,10 +1,17 @@
-"""``qstat``: show jobs, in Torque's layouts or as JSON.
+"""``qstat``: show jobs, queues or the server, in Torque's layouts or as JSON.
 
-    qstat [-a | -f | --json] [-u USER] [-x] [ID...]
+    qstat [-a | -f | --json] [-n [-1]] [-s] [-r | -i] [-t] [-u USER] [-x] [ID...]
+    qstat -Q [-f] [QUEUE...]     qstat -q [QUEUE...]     qstat -B [-f]
 
 By default only jobs that have not finished are shown; ``-x`` adds finished ones,
 and naming jobs shows them whatever their state. An id the server does not know
 is reported as ``qstat: Unknown Job Id ID`` and makes the exit status 1.
+
+An array is one line, ``5[]``, as PBS shows it (its state R while a task runs,
+Q while one waits, C/F once all have ended), unless ``-t`` lists its tasks or
+a task is named (``5[2]``); ``-f`` and ``--json`` always show each task, since
+each is a job with its own record. ``-n``, ``-s``, ``-r``, ``-i`` and ``-u``
+use the ``-a`` layout, as in Torque.
 """
 
 from __future__ import annotations
@@ -19,8 +26,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 import typer
 
-from minibatch.cli import common, render
-from minibatch.core.job import Job
+from minibatch.cli import common, qlayouts, render
+from minibatch.core.job import ACTIVE_STATES, PENDING_STATES, Job
 from minibatch.errors import ErrorCode, RemoteError
 
 if TYPE_CHECKING:
@@ -68,6 +75,15 @@ def fetch(query: QueryJobs) -> list[Job]:
     return list(found.values())
 
 
+def shown(jobs: Sequence[Job], selectors: Sequence[str], tasks: bool) -> list[Job]:
+    """The lines of the table: arrays summed up unless ``tasks`` (``-t``); a
+    task named by its index (``5[2]``) keeps its own line."""
+    if tasks:
+        return list(jobs)
+    named = [s for s in selectors if "[" in s and not s.endswith("[]")]
+    return qlayouts.summarize(jobs, lambda j: any(matches(s, j) for s in named))
+
+
 def render_jobs(
     jobs: Sequence[Job],
     *,
@@ -76,15 +92,58 @@ def render_jobs(
     full: bool = False,
     as_json: bool = False,
     server: str = "",
+    nodes: bool = False,
+    comments: bool = False,
+    one_line: bool = False,
 ) -> str:
     """The output for ``jobs`` in the layout the options ask for."""
     if as_json:
-        return json.dumps([render.job_record(j) for j in jobs], indent=2) + "\n"
+        records = [render.job_record(j) for j in jobs]
+        if full:
+            for record, job in zip(records, jobs, strict=True):
+                record["resources_used"] = qlayouts.used_record(job, now)
+        return json.dumps(records, indent=2) + "\n"
     if full:
         return render.qstat_full(jobs, now)
-    if alt:
-        return render.qstat_alt(jobs, now, server)
+    if alt or nodes or comments:
+        return qlayouts.annotated_alt(
+            jobs, now, server, nodes=nodes, comments=comments, one_line=one_line
+        )
     return render.qstat_default(jobs)
+
+
+def _queues(names: list[str], *, limits: bool, full: bool, as_json: bool) -> None:
+    """``-Q`` / ``-q``: the queues, by name or all."""
+    from minibatch.protocol.messages import QueryQueues, QueueList
+
+    with common.reporting("qstat"):
+        reply: QueueList = common.call(QueryQueues(names=names))
+    if as_json:
+        out = json.dumps(msgspec.to_builtins(reply.queues), indent=2) + "\n"
+    elif full:
+        out = qlayouts.queue_full(reply.queues)
+    elif limits:
+        out = qlayouts.queue_limits(reply.queues, os.uname().nodename)
+    else:
+        out = qlayouts.queue_table(reply.queues)
+    sys.stdout.write(out)
+
+
+def _server(*, full: bool, as_json: bool) -> None:
+    """``-B``: the server's status."""
+    from minibatch.protocol.messages import QueryQueues, QueueList, ServerStatus, Status
+
+    with common.reporting("qstat"):
+        status: ServerStatus = common.call(Status())
+        queues: QueueList = common.call(QueryQueues()) if full else QueueList(queues=[])
+    host = os.uname().nodename
+    if as_json:
+        out = json.dumps(msgspec.to_builtins(status), indent=2) + "\n"
+    elif full:
+        out = qlayouts.server_full(status, host, queues.queues)
+    else:
+        out = qlayouts.server_table(status, host)
+    sys.stdout.write(out)
 
 
 def qstat_command(
@@ -92,7 +151,7 @@ def qstat_command(
         list[str] | None,
         typer.Argument(
             metavar="ID",
-            help="Jobs to show: 7, 7[] (a whole array) or 7[2].",
+            help="Jobs to show: 7, 7[] (a whole array) or 7[2]; queues with -Q/-q.",
             show_default=False,
         ),
     ] = None,
@@ -101,7 +160,7 @@ def qstat_command(
         typer.Option("-a", help="Long layout: requested memory/time, elapsed time."),
     ] = False,
     full: Annotated[
-        bool, typer.Option("-f", help="Every attribute of each job.")
+        bool, typer.Option("-f", help="Every attribute of each job (queue, server).")
     ] = False,
     user: Annotated[
         str | None, typer.Option("-u", help="Only jobs of USER (or U1,U2); implies -a.")
@@ -111,16 +170,42 @@ def qstat_command(
     ] = False,
     tasks: Annotated[
         bool,
-        typer.Option(
-            "-t",
-            help="List array tasks one per line (always done; for Torque scripts).",
-        ),
+        typer.Option("-t", help="List array tasks one per line, not one per array."),
     ] = False,
+    nodes: Annotated[
+        bool, typer.Option("-n", help="The nodes of each job under it; implies -a.")
+    ] = False,
+    one_line: Annotated[
+        bool, typer.Option("-1", help="With -n/-s: on the job's line.")
+    ] = False,
+    comments: Annotated[
+        bool, typer.Option("-s", help="Each job's comment under it; implies -a.")
+    ] = False,
+    running: Annotated[
+        bool, typer.Option("-r", help="Only running jobs; implies -a.")
+    ] = False,
+    idle: Annotated[
+        bool,
+        typer.Option("-i", help="Only jobs not running (queued, held, waiting)."),
+    ] = False,
+    queues: Annotated[
+        bool, typer.Option("-Q", help="Queues: their jobs by state.")
+    ] = False,
+    limits: Annotated[
+        bool, typer.Option("-q", help="Queues: their limits, running and queued.")
+    ] = False,
+    server: Annotated[bool, typer.Option("-B", help="The server's status.")] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="A JSON list of jobs.")
     ] = False,
 ) -> None:
-    """Show the status of batch jobs."""
+    """Show the status of batch jobs, queues or the server."""
+    if queues or limits:
+        _queues(job_ids or [], limits=limits, full=full, as_json=as_json)
+        return
+    if server:
+        _server(full=full, as_json=as_json)
+        return
     with common.reporting("qstat"):
         selectors = [common.parse_selector(s) for s in job_ids or []]
         users = [u for u in (user or "").split(",") if u]
@@ -137,18 +222,27 @@ def qstat_command(
         # The server ignores the user when ids are named, and takes only one.
         jobs = [j for j in jobs if j.user in users]
     jobs.sort(key=lambda j: j.id)
+    missing = unmatched(selectors, jobs)
+    if running:
+        jobs = [j for j in jobs if j.state in ACTIVE_STATES]
+    if idle:
+        jobs = [j for j in jobs if j.state in PENDING_STATES]
+    if not (full or as_json):
+        jobs = shown(jobs, selectors, tasks)
     sys.stdout.write(
         render_jobs(
             jobs,
             now=time.time(),
-            # As in Torque, -u selects the long layout.
-            alt=alt or bool(users),
+            # As in Torque, -u, -r and -i select the long layout.
+            alt=alt or bool(users) or running or idle,
             full=full,
             as_json=as_json,
             server=os.uname().nodename,
+            nodes=nodes,
+            comments=comments,
+            one_line=one_line,
         )
     )
-    missing = unmatched(selectors, jobs)
     for selector in missing:
         print(f"qstat: Unknown Job Id {selector}", file=sys.stderr)
     if missing:

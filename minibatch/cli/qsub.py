@@ -141,12 +141,12 @@ def make_spec(
         InvalidArgument: anything wrong with the options, the directives or the
             script; nothing has been sent when it is raised.
     """
-    ctx = Context(environ, time.time() if now is None else now, mail)
+    host = host or os.uname().nodename
+    user = user or login_name()
+    ctx = Context(environ, time.time() if now is None else now, mail, user)
     args = parse_args(argv, ctx)
     if args.help or args.version:
         return None
-    host = host or os.uname().nodename
-    user = user or login_name()
     submit_args = shlex.join(argv)
     if args.command:
         if not args.operands:
@@ -168,11 +168,11 @@ def make_spec(
             "(to run a command: qsub [options] -- COMMAND ARGS; "
             'arguments for the script: -F "ARGS")'
         )
-    if args.operands:
+    if args.operands and args.operands[0] != "-":  # "-": the script on stdin
         source = args.operands[0]
         text = read_script(source)
         name = os.path.basename(source.rstrip("/")) or source
-    elif stdin is not None and not stdin.isatty():
+    elif stdin is not None and (args.operands or not stdin.isatty()):
         source = name = "STDIN"
         text = stdin.read()
     else:
@@ -226,6 +226,9 @@ def run(argv: list[str], prog: str = "qsub") -> None:
                 print(USAGE, end="")
             return
         spec, opts = made
+        if opts.test_only:  # #SBATCH --test-only: check, submit nothing
+            print(f"{prog}: --test-only: the job is valid and was not submitted")
+            return
         reply = submit(spec, opts, prog)
         if not opts.quiet:
             print(reply.display)

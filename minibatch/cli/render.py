@@ -12,7 +12,11 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+import msgspec
+
+from minibatch.cli.attrs import option_attrs
 from minibatch.core.job import (
+    ACTIVE_STATES,
     Job,
     JobState,
     allocated_cpu_seconds,
@@ -71,11 +75,26 @@ def exec_cpus(job: Job) -> str:
     return "+".join(f"{a.node}:{format_cpu_list(a.cpus)}" for a in job.alloc)
 
 
+def cpu_used(job: Job) -> float | None:
+    """CPU seconds so far: the node's last sample while it runs, the measured
+    total once it has ended."""
+    if job.state in ACTIVE_STATES and job.used_cputime_s is not None:
+        return max(job.used_cputime_s, job.cputime_s or 0.0)
+    return job.cputime_s
+
+
+def mem_used_kb(job: Job) -> int | None:
+    """Resident memory: now while it runs, its peak once it has ended."""
+    if job.state in ACTIVE_STATES and job.used_rss_kb is not None:
+        return job.used_rss_kb
+    return job.maxrss_kb
+
+
 def _cput(job: Job) -> str:
     # Torque shows 0 for a job that has not run.
     if job.start_time is None and job.cputime_s is None:
         return "0"
-    return format_duration(job.cputime_s or 0)
+    return format_duration(cpu_used(job) or 0)
 
 
 def _ctime(t: float | None) -> str | None:
@@ -110,7 +129,10 @@ def qstat_default(jobs: Sequence[Job]) -> str:
     if not jobs:
         return ""
     headers = [("Job ID", "Name", "User", "Time Use", "S", "Queue")]
-    rows = [(j.display_id, j.name, j.user, _cput(j), letter(j), QUEUE) for j in jobs]
+    rows = [
+        (j.display_id, j.name, j.user, _cput(j), letter(j), j.queue or QUEUE)
+        for j in jobs
+    ]
     return _table(headers, rows, (25, 16, 15, 8, 1, 5), right={3})
 
 
@@ -127,7 +149,8 @@ def qstat_alt(jobs: Sequence[Job], now: float, server: str = "") -> str:
     for j in jobs:
         req, ran = j.request, elapsed(j, now)
         session = "--" if j.session_id is None else str(j.session_id)
-        cells = [j.display_id, j.user, QUEUE, j.name, session, str(req.nodes)]
+        cells = [j.display_id, j.user, j.queue or QUEUE, j.name, session]
+        cells.append(str(req.nodes))
         cells += [
             str(req.cpus),
             format_size_kb(req.mem_kb),
@@ -145,22 +168,19 @@ def _full_attrs(job: Job, now: float) -> list[tuple[str, str | None]]:
     host = job.env.get("PBS_O_HOST")
     ran = elapsed(job, now)
     started = job.start_time is not None
-    pending_note = job.reason if job.state not in _DONE_OR_RUNNING else ""
+    mem = mem_used_kb(job)
     origin = ",".join(f"{k}={v}" for k, v in job.env.items() if k.startswith("PBS_O_"))
     return [
         ("Job_Name", job.name),
         ("Job_Owner", f"{job.user}@{host}" if host else job.user),
         (
             "resources_used.cput",
-            format_duration(job.cputime_s or 0) if started else None,
+            format_duration(cpu_used(job) or 0) if started else None,
         ),
-        (
-            "resources_used.mem",
-            format_size_kb(job.maxrss_kb) if job.maxrss_kb else None,
-        ),
+        ("resources_used.mem", format_size_kb(mem) if mem else None),
         ("resources_used.walltime", None if ran is None else format_duration(ran)),
         ("job_state", letter(job)),
-        ("queue", QUEUE),
+        ("queue", job.queue or QUEUE),
         ("ctime", _ctime(job.submit_time)),
         ("Error_Path", job.stderr_path or None),
         ("exec_host", exec_host(job) or None),
@@ -204,12 +224,20 @@ def _full_attrs(job: Job, now: float) -> list[tuple[str, str | None]]:
         ("start_time", _ctime(job.start_time)),
         ("comp_time", _ctime(job.end_time)),
         ("exit_status", None if job.exit_status is None else str(job.exit_status)),
-        ("comment", pending_note or job.comment or None),
+        ("comment", job_comment(job) or None),
         ("estimated.start_time", _ctime(job.predicted_start)),
+        ("Execution_Time", _ctime(job.options.begin)),
+        *option_attrs(job),
     ]
 
 
 _DONE_OR_RUNNING = frozenset({JobState.RUNNING, JobState.EXITING, JobState.FINISHED})
+
+
+def job_comment(job: Job) -> str:
+    """PBS's ``comment``: why a pending job waits, else what happened to it."""
+    pending_note = job.reason if job.state not in _DONE_OR_RUNNING else ""
+    return pending_note or job.comment
 
 
 def _depend(job: Job) -> str:
@@ -240,7 +268,8 @@ def job_record(job: Job) -> dict[str, Any]:
         "name": job.name,
         "user": job.user,
         "group": job.group,
-        "queue": QUEUE,
+        "queue": job.queue or QUEUE,
+        "account": job.account,
         "state": job.state.value,
         "letter": letter(job),
         "result": None if job.result is None else job.result.value,
@@ -270,6 +299,10 @@ def job_record(job: Job) -> dict[str, Any]:
         "walltime": req.walltime,
         "depends": [{"kind": d.kind.value, "job": d.job} for d in job.depends],
         "malleable": None if req.malleable is None else list(req.malleable),
+        "gpus": req.gpus,
+        "gpu_ids": [g for a in job.alloc for g in a.gpus],
+        "options": msgspec.to_builtins(job.options),
+        "reruns": job.reruns,
         "time_limit": limit_of(job),
         # Finished jobs only: a record must not change between two queries.
         "allocated_cpu_s": (

@@ -64,15 +64,15 @@ def make_spec(
     mail: bool = True,
 ) -> tuple[JobSpec, SubmitOptions] | None:
     """The JobSpec for an sbatch command line, or None for ``--help``/``--version``."""
-    ctx = Context(environ, time.time() if now is None else now, mail)
+    host = host or os.uname().nodename
+    user = user or login_name()
+    ctx = Context(environ, time.time() if now is None else now, mail, user)
     pairs, operands = slurmopts.getopt(argv)
     if any(name in ("help", "usage", "version") for name, _ in pairs):
         return None
     cli = SubmitOptions(slurm=True)
     for name, value in pairs:
         slurmopts.apply(cli, name, value, ctx)
-    host = host or os.uname().nodename
-    user = user or login_name()
     if cli.wrap is not None:
         if operands:
             raise InvalidArgument(f"unexpected argument {operands[0]!r} with --wrap")
@@ -128,9 +128,15 @@ def run(argv: list[str], prog: str = "sbatch") -> None:
                 print(USAGE, end="")
             return
         spec, opts = made
+        if opts.test_only:
+            # sbatch --test-only submits nothing: say the job is valid.
+            for line in opts.notes:
+                print(f"{prog}: note: {line}", file=sys.stderr)
+            print(f"{prog}: --test-only: the job is valid and was not submitted")
+            return
         reply = submit(spec, opts, prog)
         if opts.parsable:
-            print(reply.display)
+            print(reply.ids[0])  # an array's id, as Slurm prints it
         elif not opts.quiet:
             print(f"Submitted batch job {reply.ids[0]}")
         if opts.block:

@@ -42,6 +42,7 @@ _HONOURED: dict[str, tuple[str, str]] = {
     "qos": ("q", _VALUE), "quiet": ("Q", _FLAG), "requeue": ("", _FLAG),
     "reservation": ("", _VALUE), "signal": ("", _VALUE), "time": ("t", _VALUE),
     "wait": ("W", _FLAG), "wrap": ("", _VALUE), "help": ("h", _FLAG),
+    "test-only": ("", _FLAG),
     "usage": ("", _FLAG), "version": ("V", _FLAG),
 }
 #: Long name -> (short letter, arity, why it has no effect here).
@@ -97,7 +98,6 @@ _RECORDED: dict[str, tuple[str, str, str]] = {
     "sockets-per-node": ("", _VALUE, "CPUs are counted, not sockets"),
     "spread-job": ("", _FLAG, "nodes are chosen by the scheduler"),
     "switches": ("", _VALUE, "one host"),
-    "test-only": ("", _FLAG, "use showstart for a start estimate"),
     "thread-spec": ("", _VALUE, "no threads are set aside"),
     "threads-per-core": ("", _VALUE, "CPUs are counted, not hardware threads"),
     "time-min": ("", _VALUE, "the time limit is not reduced to backfill"),
@@ -138,8 +138,16 @@ _MAIL_TYPES = {
 }
 
 
+#: Other spellings sbatch accepts.
+_ALIASES = {"tasks-per-node": "ntasks-per-node", "name": "job-name"}
+
+
 def long_name(text: str) -> str:
-    """A long option or an unambiguous prefix of one -> its full name."""
+    """A long option or an unambiguous prefix of one -> its full name.
+
+    Underscores count as dashes (old scripts say ``--mem_bind``)."""
+    text = text.replace("_", "-")
+    text = _ALIASES.get(text, text)
     if text in _LONG:
         return text
     matches = [name for name in _LONG if name.startswith(text)]
@@ -267,7 +275,8 @@ def parse_signal(text: str) -> tuple[int, int, bool]:
     return sig.value, int(secs) if at else 60, shell_only
 
 
-def _gres(opts: SubmitOptions, value: str) -> None:
+def apply_gres(opts: SubmitOptions, value: str) -> None:
+    """``gpu[:TYPE][:N]`` items count GPUs per node; other resources are recorded."""
     for item in value.split(","):
         m = _GPU_GRES.match(item.strip())
         if m is not None:
@@ -289,18 +298,17 @@ def _mail_type(opts: SubmitOptions, value: str, ctx: Context) -> None:
         points += _MAIL_TYPES[item.strip()]
     opts.mail_points = "".join(c for c in "abe" if c in points)
     if opts.mail_points and not ctx.mail:
-        opts.note(
-            f"--mail-type={value}", "no mail is sent: this machine has no sendmail"
-        )
+        opts.note("--mail-type", "no mail is sent: this machine has no sendmail")
 
 
 def _export(opts: SubmitOptions, value: str, ctx: Context) -> None:
     items = [v for v in value.split(",") if v]
     head = items[0].upper() if items else "NONE"
-    if head in ("ALL", "NONE"):
+    if head in ("ALL", "NONE", "NIL"):
         items = items[1:]
-    # sbatch exports everything by default; NONE starts empty (plus the items).
-    opts.export_all = head != "NONE"
+    # ALL: everything plus the items; NONE/NIL or a bare list: only the items
+    # (and the job's own variables), as sbatch does.
+    opts.export_all = head == "ALL"
     if items:
         opts.env = {**opts.env, **parse_env_list(",".join(items), ctx.environ)}
 
@@ -340,13 +348,15 @@ def apply(opts: SubmitOptions, name: str, value: str, ctx: Context) -> None:  # 
     elif name == "mem-per-cpu":
         opts.mem_per_cpu_kb = parse_mem(value) or None
     elif name == "mem-per-gpu":
-        opts.mem_per_node_kb = parse_mem(value) * max(1, opts.gpus or 1) or None
+        opts.mem_per_gpu_kb = parse_mem(value) or None
     elif name == "gres":
-        _gres(opts, value)
-    elif name in ("gpus", "gpus-per-node", "gpus-per-task"):
-        opts.gpus = _gpu_count(value, f"--{name}") * (
-            opts.tasks_per_node or 1 if name == "gpus-per-task" else 1
-        )
+        apply_gres(opts, value)
+    elif name == "gpus-per-node":
+        opts.gpus = _gpu_count(value, f"--{name}")
+    elif name == "gpus":  # for the whole job: spread over its nodes
+        opts.gpus_total = _gpu_count(value, "--gpus")
+    elif name == "gpus-per-task":
+        opts.gpus_per_task = _gpu_count(value, "--gpus-per-task")
     elif name == "array":
         opts.array, opts.array_limit = parse_array(value)
         opts.array_option = "--array"
@@ -401,6 +411,8 @@ def apply(opts: SubmitOptions, name: str, value: str, ctx: Context) -> None:  # 
         opts.quiet = True
     elif name == "wait":
         opts.block = True
+    elif name == "test-only":
+        opts.test_only = True
     elif name == "wrap":
         opts.wrap = value
     elif name == "ignore-pbs":

@@ -58,17 +58,20 @@ def to_request(opts: SubmitOptions) -> JobRequest:
         ppn = -(-(opts.ntasks or 1) // nodes) * per_task
     else:
         ppn = 1
+    gpus = opts.gpus or 0
+    if opts.gpus_per_task is not None:
+        gpus = opts.gpus_per_task * max(1, ppn // per_task)
+    elif opts.gpus_total is not None:
+        gpus = -(-opts.gpus_total // nodes)
     mem_kb = opts.mem_kb
     if opts.mem_per_node_kb is not None:
         mem_kb = opts.mem_per_node_kb * nodes
     elif opts.mem_per_cpu_kb is not None:
         mem_kb = opts.mem_per_cpu_kb * ppn * nodes
+    elif opts.mem_per_gpu_kb is not None and gpus:
+        mem_kb = opts.mem_per_gpu_kb * gpus * nodes
     request = JobRequest(
-        nodes=nodes,
-        ppn=ppn,
-        mem_kb=mem_kb,
-        malleable=opts.malleable,
-        gpus=opts.gpus or 0,
+        nodes=nodes, ppn=ppn, mem_kb=mem_kb, malleable=opts.malleable, gpus=gpus
     )
     check_range(request.malleable, request.ppn, request.nodes)
     if opts.walltime is not None:
@@ -150,7 +153,10 @@ def job_options(opts: SubmitOptions) -> JobOptions:
         warn_signal=sig,
         warn_seconds=secs,
         warn_shell_only=shell_only,
-        mail_points=opts.mail_points if opts.mail_points is not None else "a",
+        # PBS mails an abort unless told otherwise (-m n); Slurm sends nothing.
+        mail_points=opts.mail_points
+        if opts.mail_points is not None
+        else ("" if opts.slurm else "a"),
         mail_users=opts.mail_users or [],
         features=opts.features or [],
         ntasks=opts.ntasks or 0,

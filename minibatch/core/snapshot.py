@@ -23,6 +23,8 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     free_mem_kb: int | None = None
     gpus: int = 0
     free_gpus: int = 0
+    #: Properties jobs may ask for (``nodes=1:bigmem``, ``-C bigmem``).
+    features: tuple[str, ...] = ()
 
 
 class RunningView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -74,6 +76,8 @@ class PendingView(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     queue: str = ""
     queue_priority: float = 0.0
     user_priority: int = 0
+    #: Node features it needs, every one on each of its nodes.
+    features: tuple[str, ...] = ()
 
     @property
     def rank(self) -> tuple[float, int, float, int]:

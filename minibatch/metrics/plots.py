@@ -1,7 +1,7 @@
 """Plots of a run or of several runs, as PNG and SVG (matplotlib, Agg backend).
 
-matplotlib is the ``plot`` extra: it is imported inside the functions, so the rest
-of minibatch works without it. Every function writes ``<base>.png`` and
+matplotlib is imported inside the functions, so that commands which never plot
+(qsub, qstat) do not pay for importing it. Every function writes ``<base>.png`` and
 ``<base>.svg`` and returns their paths. Large collections (a Gantt chart of 50,000
 jobs) are rasterized inside the SVG so that it stays small.
 """

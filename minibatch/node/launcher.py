@@ -178,6 +178,8 @@ def pbs_extras(spec: LaunchSpec, ncpus: int) -> dict[str, str]:
         "PBS_QUEUE": spec.queue,
         "PBS_TASKNUM": "1",
         "PBS_VNODENUM": "0",
+        "PBS_NODENUM": "0",
+        "PBS_WALLTIME": str(spec.walltime),
         "PBS_MOMPORT": "0",
         "NCPUS": str(ncpus),
     }
@@ -205,6 +207,7 @@ def slurm_extras(
         "SLURM_NTASKS": str(ntasks),
         "SLURM_NPROCS": str(ntasks),
         "SLURM_NNODES": str(nodes),
+        "SLURM_NODELIST": ",".join(spec.hosts or [node]),
         "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})" if nodes > 1 else str(per_node),
         "SLURM_JOB_CPUS_PER_NODE": f"{ncpus}(x{nodes})" if nodes > 1 else str(ncpus),
         "SLURM_JOB_PARTITION": spec.queue,
@@ -355,7 +358,7 @@ class Launcher:
             # The kernel's limit on each process's address space: set on the
             # top process at once, inherited by everything it starts after.
             with contextlib.suppress(OSError):
-                os.prlimit(popen.pid, resource.RLIMIT_AS, (vmem * 1024, vmem * 1024))
+                resource.prlimit(popen.pid, resource.RLIMIT_AS, (vmem * 1024,) * 2)
         return popen
 
     def _command(self, spec: LaunchSpec, ident: Identity) -> list[str]:

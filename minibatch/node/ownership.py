@@ -207,11 +207,14 @@ def ended_report(run: Run, end_time: float | None = None) -> JobEnded:
         cputime_s=round(run.cputime_s, 6),
         maxrss_kb=run.maxrss_kb,
         comment="; ".join(comments),
+        reruns=run.spec.reruns,
     )
 
 
-def failed_report(job: int, result: JobResult, comment: str) -> JobEnded:
-    """The JobEnded for a job that never ran here."""
+def failed_report(
+    job: int, result: JobResult, comment: str, reruns: int = 0
+) -> JobEnded:
+    """The JobEnded for a job that never ran here (``reruns``: which run)."""
     return JobEnded(
         job=job,
         result=result,
@@ -221,6 +224,7 @@ def failed_report(job: int, result: JobResult, comment: str) -> JobEnded:
         cputime_s=0.0,
         maxrss_kb=0,
         comment=comment,
+        reruns=reruns,
     )
 
 

@@ -4,8 +4,9 @@ One asyncio loop, one thread. The daemon registers with the server (``NodeHello`
 retried every heartbeat interval until it is answered), then sends a ``Heartbeat``
 every ``config.node.heartbeat`` seconds listing the jobs it runs; a heartbeat
 answered NOT_FOUND means the server restarted and forgot the node, so it says
-hello again. ``Launch``, ``ResizeJob`` and ``Kill`` arrive unsolicited and go to the
-:class:`~minibatch.node.tracker.Tracker`.
+hello again (each heartbeat also carries the running jobs' CPU time and memory,
+for ``qstat``). ``Launch``, ``ResizeJob``, ``Kill`` and ``Signal`` arrive
+unsolicited and go to the :class:`~minibatch.node.tracker.Tracker`.
 
 **Reports.** ``JobEnded`` and ``JobResized`` are requests, kept until the server
 answers and re-sent every heartbeat until then (the server treats repeats as
@@ -57,6 +58,7 @@ from minibatch.protocol.messages import (
     Message,
     NodeHello,
     ResizeJob,
+    Signal,
 )
 
 log = logging.getLogger("minibatch.node")
@@ -162,6 +164,8 @@ class NodeDaemon:
                 self.tracker.launch(body.spec)
             elif isinstance(body, Kill):
                 self.tracker.kill(body.job, body.result)
+            elif isinstance(body, Signal):
+                self.tracker.signal(body.job, body.signal)
             elif isinstance(body, ResizeJob):
                 self.tracker.resize(body.job, body.cpus, body.time_limit, body.seq)
             else:
@@ -218,7 +222,11 @@ class NodeDaemon:
                     self._registered = True
                     log.info("registered with the server at %s", self.endpoint)
             elif not await self._call(
-                Heartbeat(name=self.name, running=self.tracker.running())
+                Heartbeat(
+                    name=self.name,
+                    running=self.tracker.running(),
+                    usage=self.tracker.usage(),
+                )
             ):
                 return
         except RemoteError as exc:

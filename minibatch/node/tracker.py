@@ -20,6 +20,7 @@ that parent's rusage, so the sum is exact. ``popen.returncode`` is set on reap s
 **Limits.** Walltime: SIGTERM to the tree, SIGKILL after ``kill_grace``. Memory: the
 tree's summed RSS is sampled every ``sample_interval``; over the limit, SIGKILL.
 A ``Kill`` from the server does what walltime does, with the server's result.
+A ``Signal`` (``qsig``) goes to every process of the tree, as a kill does.
 
 **Max RSS** is the larger of the sampled tree sum and the reaped processes'
 ``ru_maxrss``, with one exception. At exec the kernel folds the peak RSS of the
@@ -49,7 +50,13 @@ from minibatch.node import limits, procfs, resizer
 from minibatch.node.launcher import Launcher, LaunchError
 from minibatch.node.ownership import Ownership, Run, ended_report, failed_report
 from minibatch.node.procfs import ProcTable
-from minibatch.protocol.messages import JobEnded, JobResized, JobStarted, LaunchSpec
+from minibatch.protocol.messages import (
+    JobEnded,
+    JobResized,
+    JobStarted,
+    JobUsage,
+    LaunchSpec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +93,8 @@ class Tracker:
         self._on_report = on_report
         self._exclusive = exclusive
         self._own = Ownership(launcher.node, launcher.home)
-        self._finished: OrderedDict[int, None] = OrderedDict()
+        #: Job id -> the run (``LaunchSpec.reruns``) that ended here last.
+        self._finished: OrderedDict[int, int] = OrderedDict()
         self._idle = asyncio.Event()
         self._idle.set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -145,23 +153,28 @@ class Tracker:
     # ------------------------------------------------------------ requests
 
     def launch(self, spec: LaunchSpec) -> None:
-        """Start ``spec``; a job already running or recently ended is ignored."""
-        if spec.job in self._own.jobs or spec.job in self._finished:
+        """Start ``spec``; a job already running or recently ended is ignored
+        (unless this is a later run of it: ``qrerun``)."""
+        ended = self._finished.get(spec.job, -1)
+        if spec.job in self._own.jobs or ended >= spec.reruns:
             log.info("job %s: launch repeated, ignored", spec.display_id)
             return
         if self.stopping:
-            self._fail(spec.job, JobResult.NODE_FAIL, "node daemon stopping")
+            self._fail(
+                spec.job, JobResult.NODE_FAIL, "node daemon stopping", spec.reruns
+            )
             return
         try:
             popen = self.launcher.spawn(spec)
         except LaunchError as exc:
             log.warning("job %s: cannot start: %s", spec.display_id, exc)
-            self._fail(spec.job, JobResult.FAILED, f"cannot start: {exc}")
+            self._fail(spec.job, JobResult.FAILED, f"cannot start: {exc}", spec.reruns)
             return
         except Exception as exc:
             # A bug, but the server must still hear that the job will not run.
             log.exception("job %s: launching failed", spec.display_id)
-            self._fail(spec.job, JobResult.FAILED, f"node daemon error: {exc!r}")
+            why = f"node daemon error: {exc!r}"
+            self._fail(spec.job, JobResult.FAILED, why, spec.reruns)
             return
         run = Run(spec, popen, popen.pid, time.time(), cpus=list(spec.cpus))
         run.spawner_maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -184,6 +197,23 @@ class Tracker:
         run.kill_reason, run.comment = result, comment
         log.info("job %s: killing (%s)", run.spec.display_id, result)
         self._terminate(run)
+
+    def signal(self, job: int, sig: int) -> None:
+        """``qsig``: send ``sig`` to every process of the job. Not a kill: what
+        the signal does is the job's business (it may end it, or not)."""
+        run = self._own.jobs.get(job)
+        if run is None or run.status is not None:
+            log.info("job %d: signal %d for a job not running here, ignored", job, sig)
+            return
+        log.info("job %s: sending signal %d (qsig)", run.spec.display_id, sig)
+        self._signal_tree(run, sig)
+
+    def usage(self) -> list[JobUsage]:
+        """Each running job's CPU time and resident memory at the last sample."""
+        return [
+            JobUsage(run.spec.job, round(run.cpu_now_s, 2), run.rss_now_kb)
+            for run in self._own.jobs.values()
+        ]
 
     def resize(
         self, job: int, cpus: list[int], time_limit: float, seq: int = 0
@@ -373,7 +403,7 @@ class Tracker:
         if run.popen.returncode is None:
             run.popen.returncode = -signal.SIGKILL  # never wait on that pid again
         self._own.remove(run)
-        self._remember(run.spec.job)
+        self._remember(run.spec.job, run.spec.reruns)
         self.launcher.cleanup(run.spec.job)
         if not self._own.jobs:
             self._idle.set()
@@ -388,12 +418,13 @@ class Tracker:
         )
         self._emit(report)
 
-    def _fail(self, job: int, result: JobResult, comment: str) -> None:
-        self._remember(job)
-        self._emit(failed_report(job, result, comment))
+    def _fail(self, job: int, result: JobResult, comment: str, reruns: int = 0) -> None:
+        self._remember(job, reruns)
+        self._emit(failed_report(job, result, comment, reruns))
 
-    def _remember(self, job: int) -> None:
-        self._finished[job] = None
+    def _remember(self, job: int, reruns: int = 0) -> None:
+        self._finished.pop(job, None)  # the newest stays last, to be kept longest
+        self._finished[job] = reruns
         while len(self._finished) > _FINISHED_MEMORY:
             self._finished.popitem(last=False)
 

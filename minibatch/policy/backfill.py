@@ -165,6 +165,17 @@ class Backfill:
             if job.advres:
                 self._other(p, job, limit, rest)
                 continue
+            if job.features:  # only some nodes will do: the general path
+                placed = p.fit(job)
+                if placed is not None:
+                    p.start(job, *placed)
+                    widest = general.widest()
+                    waiting.clear()
+                else:
+                    reserved += p.reserve(job, general, "")
+                    if reserved >= limit:
+                        break
+                continue
             req = job.request
             ppn, count = req.ppn, req.nodes
             shape: Shape | None = None
@@ -218,6 +229,16 @@ class Backfill:
                     queue,
                     by_submission=in_submission_order,
                 )
+            if job.features:
+                placed = p.fit(job)
+                if placed is not None:
+                    p.start(job, *placed)
+                    widest, free = general.widest(), general.free_cpus()
+                    said.clear()
+                    waiting.clear()
+                else:
+                    reasons[job.id] = p.reason(job)
+                continue
             req = job.request
             ppn, count = req.ppn, req.nodes
             if ppn > widest:  # wider than any node's free CPUs: no fit test

@@ -42,7 +42,16 @@ class Book:
         snap: the snapshot; its nodes fix the node order.
     """
 
-    __slots__ = ("now", "names", "_index", "general", "views", "_snap", "refusals")
+    __slots__ = (
+        "now",
+        "names",
+        "_index",
+        "general",
+        "views",
+        "_snap",
+        "refusals",
+        "_masks",
+    )
 
     def __init__(self, snap: ClusterSnapshot) -> None:
         now = self.now = snap.now
@@ -71,6 +80,8 @@ class Book:
         self.views: dict[str, Profile] = {}
         #: Why a job naming a reservation may not run in it, by job id.
         self.refusals: dict[int, str] = {}
+        #: Which nodes have every feature of a set, by the set.
+        self._masks: dict[tuple[str, ...], list[bool]] = {}
         if snap.reservations:
             active = [r for r in snap.reservations if r.end > now]
             if active:
@@ -186,6 +197,15 @@ class Book:
                 view.first_dip = min(view.first_dip, resv.end)
                 view.labels[resv.end] = label
         return view
+
+    def mask_for(self, job: PendingView) -> list[bool]:
+        """Which nodes have every feature ``job`` needs (it has some)."""
+        mask = self._masks.get(job.features)
+        if mask is None:
+            need = set(job.features)
+            mask = [need <= set(n.features) for n in self._snap.nodes]
+            self._masks[job.features] = mask
+        return mask
 
     def view_for(self, job: PendingView) -> Profile | None:
         """The view ``job`` plans in, or None if it may not run (see refusals)."""

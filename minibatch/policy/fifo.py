@@ -48,7 +48,7 @@ class Fifo:
             if head is not None:
                 p.reasons[job.id] = f"queued behind job {head} (fifo)"
                 continue
-            if not key:
+            if not key and not job.features:
                 req = job.request
                 nodes = general.fit_now(shape_of(req), now + req.walltime)
                 if nodes is not None:

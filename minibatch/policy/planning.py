@@ -74,6 +74,13 @@ class Pass:
         req = job.request
         shape = shape_of(req)
         end = self.now + req.walltime
+        if job.features:  # only some nodes will do: no shared shape caches
+            view.mask = self.book.mask_for(job)
+            try:
+                nodes = view.fit_now(shape, end)
+            finally:
+                view.mask = None
+            return None if nodes is None else (view, nodes)
         # A shape that did not fit until an end cannot fit for longer, until
         # something starts (which clears these).
         if view is self.book.general:
@@ -135,9 +142,14 @@ class Pass:
         req = job.request
         if shape is None:
             shape = shape_of(req)
-        found = view.earliest(shape, req.walltime, self.now)
-        if not base:
-            base = self.why(job, view, shape)
+        if job.features:
+            view.mask = book.mask_for(job)
+        try:
+            found = view.earliest(shape, req.walltime, self.now)
+            if not base:
+                base = self.why(job, view, shape)
+        finally:
+            view.mask = None
         if found is None:
             self.reasons[job.id] = f"{base}; {NEVER}"
             return 0
@@ -158,16 +170,25 @@ class Pass:
         view = self.book.view_for(job)
         if view is None:
             return self.book.refusals[job.id]
-        return self.why(job, view, shape_of(job.request))
+        if job.features:
+            view.mask = self.book.mask_for(job)
+        try:
+            return self.why(job, view, shape_of(job.request))
+        finally:
+            view.mask = None
 
     def why(self, job: PendingView, view: Profile, shape: Shape) -> str:
         req = job.request
         widest = view.widest()
-        # A one-node job of CPUs only that has them now is kept by a reservation.
-        simple = shape[0] == 1 and not shape[2] and not shape[3]
+        # A one-node job of CPUs only that has them now is kept by a reservation
+        # (not so when only some nodes have the features it needs).
+        simple = shape[0] == 1 and not shape[2] and not shape[3] and not job.features
         if req.ppn > widest or (not simple and not view.fits_at_all_now(shape)):
             if view is not self.book.general:
                 return f"waiting for room in reservation {job.advres!r}"
+            if job.features:
+                cpus = "1 CPU" if req.ppn == 1 else f"{req.ppn} CPUs"
+                return f"waiting for {cpus} on a node with {', '.join(job.features)}"
             return waiting_reason(req, widest)
         who = view.blocker(shape, self.now + req.walltime)
         return f"would {who} (walltime too long)"

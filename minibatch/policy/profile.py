@@ -66,6 +66,7 @@ class Profile:
     """
 
     __slots__ = (
+        "mask",
         "now",
         "names",
         "times",
@@ -128,6 +129,9 @@ class Profile:
         self._searches = 0
         #: :meth:`roomiest` by CPUs, until segment 0 changes.
         self._room: dict[int, float] = {}
+        #: While set (:meth:`Book.only`), the nodes a job may use: searches
+        #: and fits skip the others.
+        self.mask: list[bool] | None = None
 
     # ------------------------------------------------------------------ building
 
@@ -251,12 +255,12 @@ class Profile:
         count, ppn, mem, gpus = shape
         if mem and mem > self.roomiest(ppn):
             return None  # no node has the CPUs and the memory: no need to look
-        c0, m0, g0 = self.c0, self.m0, self.g0
+        c0, m0, g0, mask = self.c0, self.m0, self.g0, self.mask
         check_dips = end > self.first_dip  # only once built
         dips = self.dips if check_dips else []
         chosen: list[int] = []
         for i, c in enumerate(c0):
-            if c < ppn:
+            if c < ppn or (mask is not None and not mask[i]):
                 continue
             if mem:
                 m = m0[i]
@@ -277,7 +281,7 @@ class Profile:
         """Whether node ``i`` alone holds one node's share of ``shape`` from now
         until ``end`` (:meth:`fit_now` for a node chosen by the caller)."""
         _, ppn, mem, gpus = shape
-        if self.c0[i] < ppn:
+        if self.c0[i] < ppn or (self.mask is not None and not self.mask[i]):
             return False
         m, g = self.m0[i], self.g0[i]
         if mem and m is not None and m < mem:
@@ -452,7 +456,7 @@ class Profile:
         the nodes (first fit at that time); None if it never does (see
         :class:`~minibatch.policy.search.Search`)."""
         self._searches += 1
-        if self._searches == 1 or len(self.names) == 1:
+        if self._searches == 1 or len(self.names) == 1 or self.mask is not None:
             return direct(self, shape, w, after)
         if self._search is None:
             self._search = Search(self)

@@ -129,7 +129,7 @@ class SlowdownDriven:
         #: Malleable jobs started statically now, and their node.
         fresh: list[tuple[PendingView, int]] = []
         #: Why a job of a shape waits, until something starts or is reserved.
-        said: dict[tuple[int, Shape], str] = {}
+        said: dict[tuple[int, Shape, tuple[str, ...]], str] = {}
         for job in snap.pending:
             found = p.fit(job)
             if found is not None:
@@ -140,7 +140,8 @@ class SlowdownDriven:
                     fresh.append((job, found[1][0]))
                 continue
             malleable = job.request.malleable is not None
-            if by_node and malleable and not job.advres and tries > 0:
+            plain = not job.advres and not job.features
+            if by_node and malleable and plain and tries > 0:
                 tries -= 1
                 room = self._room(p, job, seats, failed)
                 if room is not None:
@@ -154,7 +155,7 @@ class SlowdownDriven:
                 reserved += p.reserve(job, view, "")
                 said.clear()
             else:
-                shape = (id(view), shape_of(job.request))
+                shape = (id(view), shape_of(job.request), job.features)
                 text = said.get(shape)
                 if text is None:
                     text = said[shape] = p.reason(job)

@@ -29,6 +29,7 @@ second-by-second model); only the work differs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
@@ -195,7 +196,9 @@ def direct(
     """:meth:`Search.earliest` by asking every node: for a pass that reserves
     once (EASY), or a single node, bounds would cost more than they save."""
     count = shape[0]
-    nodes = range(len(prof.names))
+    nodes: Sequence[int] = range(len(prof.names))
+    if prof.mask is not None:  # a job that needs node features
+        nodes = [i for i in nodes if prof.mask[i]]
     if count == 1:
         best, where = INF, -1
         for i in nodes:
@@ -204,7 +207,9 @@ def direct(
                 best, where = t, i
         return None if where < 0 else (best, [where])
     x = after
-    starts = [prof.next_start(i, shape, w, x) for i in nodes]
+    starts: list[float | None] = [None] * len(prof.names)
+    for i in nodes:
+        starts[i] = prof.next_start(i, shape, w, x)
     while True:
         ready = sorted(s for s in starts if s is not None)
         if len(ready) < count:

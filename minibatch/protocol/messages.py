@@ -9,7 +9,7 @@ removing one bumps ``PROTOCOL_VERSION``.
 Roles: *clients* (the commands) send the client requests; the *scheduler* sends
 ``SchedHello``, ``GetSnapshot`` and ``ApplyPlan`` and receives ``Wake``; a *node*
 sends ``NodeHello``, ``Heartbeat``, ``JobStarted``, ``JobResized`` and
-``JobEnded`` and receives ``Launch``, ``ResizeJob`` and ``Kill``.
+``JobEnded`` and receives ``Launch``, ``ResizeJob``, ``Kill`` and ``Signal``.
 """
 
 # No ``from __future__ import annotations`` in the modules that define wire
@@ -83,8 +83,19 @@ class QueryJobs(_Msg, frozen=True, kw_only=True, tag="query_jobs"):
     since: float | None = None
 
 
+class Refusal(msgspec.Struct, frozen=True, kw_only=True):
+    """One job id a per-id request did not act on: the error it would have got."""
+
+    selector: str
+    code: int
+    message: str
+
+
 class JobList(_Msg, frozen=True, kw_only=True, tag="job_list"):
     jobs: list[Job]
+    #: Requests that act on each id on its own (PBS's qdel 13 14): the ids
+    #: refused, while ``jobs`` are those acted on.
+    refused: list[Refusal] = []
 
 
 class JobControl(_Msg, frozen=True, kw_only=True, tag="job_control"):
@@ -92,6 +103,9 @@ class JobControl(_Msg, frozen=True, kw_only=True, tag="job_control"):
 
     action: str
     selectors: list[str]
+    #: False: every id is checked first and one refusal refuses them all.
+    #: True: each id on its own, as PBS does; refusals come back in the reply.
+    each: bool = False
 
 
 class Alter(_Msg, frozen=True, kw_only=True, tag="alter"):
@@ -133,6 +147,78 @@ class SetNodeOffline(_Msg, frozen=True, kw_only=True, tag="set_node_offline"):
     names: list[str]
     offline: bool
     comment: str = ""
+
+
+# The requests below act on each id on its own: JobList.refused says which
+# were refused and why, the others are done.
+
+
+class SignalJob(_Msg, frozen=True, kw_only=True, tag="signal_job"):
+    """-> JobList. ``qsig``: send ``signal`` (a name or number) to every process
+    of each running job; its owner or an operator."""
+
+    selectors: list[str]
+    signal: str = "SIGTERM"
+
+
+class Rerun(_Msg, frozen=True, kw_only=True, tag="rerun"):
+    """-> JobList. ``qrerun``; operators only: kill each running job and queue
+    it again under the same id (refused for a job submitted with ``-r n``)."""
+
+    selectors: list[str]
+
+
+class MoveJob(_Msg, frozen=True, kw_only=True, tag="move_job"):
+    """-> JobList. ``qmove``: pending jobs go to ``queue`` (its limits and
+    users apply); their owner or an operator."""
+
+    queue: str
+    selectors: list[str]
+
+
+class QueryQueues(_Msg, frozen=True, kw_only=True, tag="query_queues"):
+    """-> QueueList. ``qstat -Q``/``-q``; no names means all."""
+
+    names: list[str] = []
+
+
+class QueueInfo(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    priority: float
+    enabled: bool
+    started: bool
+    #: Where jobs go that name no queue.
+    default: bool = False
+    #: Seconds; None: no default or no limit.
+    default_walltime: int | None = None
+    max_walltime: int | None = None
+    max_cpus: int | None = None
+    users: list[str] = []
+    #: Jobs in it now, by state (``queued held waiting running exiting``).
+    jobs: dict[str, int] = {}
+
+
+class QueueList(_Msg, frozen=True, kw_only=True, tag="queue_list"):
+    queues: list[QueueInfo]
+
+
+class TraceJob(_Msg, frozen=True, kw_only=True, tag="trace_job"):
+    """-> JobTrace. ``tracejob``: each job's event log, finished jobs too."""
+
+    selector: str
+
+
+class TraceEvent(msgspec.Struct, frozen=True, kw_only=True):
+    job: int
+    time: float
+    event: str
+    detail: str = ""
+
+
+class JobTrace(_Msg, frozen=True, kw_only=True, tag="job_trace"):
+    jobs: list[Job]
+    #: Oldest first, job by job.
+    events: list[TraceEvent]
 
 
 # ------------------------------------------------- reservations and policy
@@ -271,11 +357,21 @@ class NodeHello(_Msg, frozen=True, kw_only=True, tag="node_hello"):
     running: list[int] = []
 
 
+class JobUsage(msgspec.Struct, frozen=True, array_like=True):
+    """What a running job's processes use now, as the node sampled it."""
+
+    job: int
+    cputime_s: float
+    rss_kb: int
+
+
 class Heartbeat(_Msg, frozen=True, kw_only=True, tag="heartbeat"):
     """-> Ok"""
 
     name: str
     running: list[int]
+    #: The running jobs' usage (live ``resources_used`` in ``qstat``).
+    usage: list[JobUsage] = []
 
 
 class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -348,6 +444,13 @@ class Kill(_Msg, frozen=True, kw_only=True, tag="kill"):
     result: JobResult
 
 
+class Signal(_Msg, frozen=True, kw_only=True, tag="signal"):
+    """Server -> node: send ``signal`` to every process of the job. No reply."""
+
+    job: int
+    signal: int
+
+
 class JobStarted(_Msg, frozen=True, kw_only=True, tag="job_started"):
     """No reply: a notification of the process's pid and real start time."""
 
@@ -367,6 +470,9 @@ class JobEnded(_Msg, frozen=True, kw_only=True, tag="job_ended"):
     cputime_s: float
     maxrss_kb: int
     comment: str = ""
+    #: The run it reports (``LaunchSpec.reruns``): a late report of a run
+    #: ``qrerun`` ended must not end the next one.
+    reruns: int = 0
 
 
 Message = (
@@ -383,6 +489,13 @@ Message = (
     | QueryNodes
     | NodeList
     | SetNodeOffline
+    | SignalJob
+    | Rerun
+    | MoveJob
+    | QueryQueues
+    | QueueList
+    | TraceJob
+    | JobTrace
     | SetReservation
     | QueryReservations
     | ReleaseReservation
@@ -402,6 +515,7 @@ Message = (
     | Heartbeat
     | Launch
     | Kill
+    | Signal
     | ResizeJob
     | JobResized
     | JobStarted

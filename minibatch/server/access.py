@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from minibatch.core.job import Job
 from minibatch.errors import PermissionDenied
 from minibatch.protocol.messages import Message
 from minibatch.server.submit import Caller
@@ -67,3 +68,12 @@ def need_operator(ctx: Context, caller: Caller | None, what: str) -> Caller:
             f"server.operators); {c.user} is not one"
         )
     return c
+
+
+def may_control(ctx: Context, caller: Caller | None, job: Job) -> None:
+    """Raise unless the caller owns ``job`` or is an operator."""
+    c = need_caller(caller)
+    if c.uid != job.uid and not ctx.is_operator(c):
+        raise PermissionDenied(
+            f"job {job.display_id} belongs to {job.user}, not {c.user}"
+        )

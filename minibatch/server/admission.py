@@ -41,7 +41,14 @@ def admit(
         raise InfeasibleRequest(f"job can never run: {why}")
     if options.group:
         caller = _in_group(caller, options.group)
-    depends = _expand_arrays(state, spec.depends)
+    depends = spec.depends
+    if options.slurm:
+        # In Slurm an array's id names the whole array.
+        depends = [
+            Dependency(d.kind, d.job, True) if d.job in state.arrays else d
+            for d in depends
+        ]
+    depends = _expand_arrays(state, depends)
     spec = msgspec.structs.replace(
         spec,
         queue=queue.name,

@@ -53,7 +53,7 @@ def start_upcoming(state: ServerState) -> list[int]:
         chooser = None
         if state.reservations.by_name:
             chooser = JobCpus(state.reservations, job, state.clock())
-        names = state.nodes.first_fit(job.request, chooser)
+        names = state.nodes.first_fit(job.request, chooser, job.options.features)
         if names is None or state.start(job.id, names) is not None:
             break
         upcoming.popleft()

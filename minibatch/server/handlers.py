@@ -8,7 +8,7 @@ credentials (see :func:`~minibatch.server.submit.parse_peer`). Daemon messages
 
 from __future__ import annotations
 
-from minibatch.core.job import PENDING_STATES, Job, JobState
+from minibatch.core.job import ACTIVE_STATES, PENDING_STATES, Job, JobState
 from minibatch.errors import InvalidArgument, NotFound, PermissionDenied
 from minibatch.protocol.messages import (
     Alter,
@@ -35,7 +35,7 @@ from minibatch.protocol.messages import (
     Submit,
     Submitted,
 )
-from minibatch.server import admin, liveness, malleable
+from minibatch.server import admin, jobops, liveness, malleable
 from minibatch.server.access import Context, Handler, need_caller, need_daemon
 from minibatch.server.state import ServerState
 from minibatch.server.submit import Caller
@@ -109,6 +109,8 @@ def job_control(
     ident: bytes,
     msg: JobControl,
 ) -> Message:
+    if msg.each:  # PBS's way: each id on its own
+        return jobops.job_control(state, ctx, caller, msg)
     if msg.action not in ("cancel", "hold", "release"):
         raise InvalidArgument(f"unknown job action {msg.action!r}")
     if not msg.selectors:
@@ -347,7 +349,12 @@ def job_ended(
 ) -> Message:
     need_daemon(ctx, caller)
     job = state.jobs.get(msg.job)
-    if job is not None and job.state in (JobState.RUNNING, JobState.EXITING):
+    if (
+        job is not None
+        and job.state in ACTIVE_STATES
+        # A late report of a run qrerun already ended must not end the next.
+        and msg.reruns >= job.reruns
+    ):
         state.job_ended(
             job,
             msg.result,
@@ -378,4 +385,5 @@ HANDLERS: dict[type, Handler] = {
     JobResized: job_resized,
     JobEnded: job_ended,
     **admin.HANDLERS,
+    **jobops.HANDLERS,
 }

@@ -64,6 +64,13 @@ def heartbeat(state: ServerState, msg: Heartbeat, route: bytes) -> None:
         raise NotFound(f"node {msg.name} is not registered")
     node.last_heartbeat = state.clock()
     node.route = route  # the daemon reconnected: a new connection, a new id
+    for use in msg.usage:
+        # Live resources_used for qstat; stored with the job's next change or
+        # end, not at every heartbeat.
+        job = state.jobs.get(use.job)
+        on_node = job is not None and job.alloc and job.alloc[0].node == node.name
+        if job is not None and on_node and job.state in ACTIVE_STATES:
+            job.used_cputime_s, job.used_rss_kb = use.cputime_s, use.rss_kb
     reported = set(msg.running)
     for jid in sorted(_jobs_on(state, node)):
         job = state.jobs.get(jid)

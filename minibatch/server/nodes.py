@@ -84,6 +84,7 @@ class Node(msgspec.Struct, kw_only=True):
             free_mem_kb=self.free_mem_kb(),
             gpus=self.gpus,
             free_gpus=self.gpus - sum(len(g) for g in self.gpus_used.values()),
+            features=tuple(self.features),
         )
 
     def free_gpus(self) -> list[int]:
@@ -192,6 +193,7 @@ class NodeRegistry:
         names: tuple[str, ...],
         req: JobRequest,
         chooser: CpuChooser | None = None,
+        features: Sequence[str] = (),
     ) -> list[Allocation] | str:
         """Allocate ``req.ppn`` CPUs on each named node, or say why not (no change).
 
@@ -207,6 +209,8 @@ class NodeRegistry:
             why = _shortage(node, req.ppn, mem, req.gpus)
             if why is not None:
                 return why
+            if not set(features) <= set(node.features):
+                return f"node {name} lacks feature {', '.join(features)}"
         picked: dict[str, list[int]] = {}
         for name in names:
             node = self.nodes[name]
@@ -230,14 +234,21 @@ class NodeRegistry:
         return allocs
 
     def first_fit(
-        self, req: JobRequest, chooser: CpuChooser | None = None
+        self,
+        req: JobRequest,
+        chooser: CpuChooser | None = None,
+        features: Sequence[str] = (),
     ) -> tuple[str, ...] | None:
         """The first ``req.nodes`` nodes, in order, on which :meth:`allocate`
-        would find the job's CPUs (those ``chooser`` allows) and memory."""
+        would find the job's CPUs (those ``chooser`` allows), memory, GPUs and
+        features."""
         mem = mem_per_node(req)
         names: list[str] = []
+        need = set(features)
         for node in self.nodes.values():
             if _shortage(node, req.ppn, mem, req.gpus) is not None:
+                continue
+            if need and not need <= set(node.features):
                 continue
             if chooser is not None and len(chooser.cpus(node)) < req.ppn:
                 continue

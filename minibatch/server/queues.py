@@ -66,15 +66,20 @@ class QueueTable:
         default = queue.seconds(queue.default_walltime)
         if not spec.walltime_given and default is not None:
             walltime = default
-        limit = queue.seconds(queue.max_walltime)
-        if limit is not None and walltime > limit:
-            raise InvalidArgument(
-                f"walltime {walltime} s exceeds queue {queue.name!r}'s limit of "
-                f"{limit} s"
-            )
-        cpus = spec.request.cpus
-        if queue.max_cpus is not None and cpus > queue.max_cpus:
-            raise InvalidArgument(
-                f"{cpus} CPUs exceed queue {queue.name!r}'s limit of {queue.max_cpus}"
-            )
+        check_limits(queue, walltime, spec.request.cpus)
         return walltime
+
+
+def check_limits(queue: QueueConfig, walltime: int, cpus: int, whose: str = "") -> None:
+    """Refuse a job over ``queue``'s limits; ``whose`` names it ("job 7's ")."""
+    limit = queue.seconds(queue.max_walltime)
+    if limit is not None and walltime > limit:
+        raise InvalidArgument(
+            f"{whose}walltime {walltime} s exceeds queue {queue.name!r}'s limit "
+            f"of {limit} s"
+        )
+    if queue.max_cpus is not None and cpus > queue.max_cpus:
+        raise InvalidArgument(
+            f"{whose}{cpus} CPUs exceed queue {queue.name!r}'s limit of "
+            f"{queue.max_cpus}"
+        )

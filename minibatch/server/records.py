@@ -73,4 +73,5 @@ def pending_view(job: Job, queue_priority: float = 0.0) -> PendingView:
         queue=job.queue,
         queue_priority=queue_priority,
         user_priority=job.options.priority,
+        features=tuple(job.options.features),
     )

@@ -29,7 +29,7 @@ from minibatch.events.publisher import EventPublisher
 from minibatch.net.driver import Frames, SocketDriver
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import Error
-from minibatch.server import booking, dispatch, liveness
+from minibatch.server import booking, dispatch, liveness, mail
 from minibatch.server.handlers import HANDLERS, Context
 from minibatch.server.state import ServerState
 from minibatch.server.store import Store
@@ -65,6 +65,8 @@ class Server:
             },
         )
         self.publisher = EventPublisher(url, config.mqtt.topic_prefix)
+        self.mailer = mail.Mailer(config.server.sendmail)
+        self.host = os.uname().nodename
         self.driver: SocketDriver | None = None
         self.coalesce = config.scheduler.coalesce_ms / 1000
         self.full_coalesce = config.scheduler.full_coalesce_ms / 1000
@@ -118,6 +120,9 @@ class Server:
         for topic, payload in state.events:
             self.publisher.publish(topic, payload)
         state.events.clear()
+        for job, letter in state.mail:
+            self.mailer.send(mail.message(job, letter, self.host))
+        state.mail.clear()
         self._wake_scheduler()
         self._arm_boundary()
 

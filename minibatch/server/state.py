@@ -34,7 +34,7 @@ from minibatch.core.snapshot import ClusterSnapshot
 from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import Kill, Launch, Message, Wake
-from minibatch.server import admission, booking, malleable, views
+from minibatch.server import admission, booking, mail, malleable, requeue, views
 from minibatch.server.history import UsageHistory
 from minibatch.server.nodes import Node, NodeRegistry
 from minibatch.server.qos import QosTable
@@ -75,6 +75,8 @@ class ServerState:
         self.queue = PendingQueue(self.queues.priority)
         #: Pending jobs with a start time (``qsub -a``), checked every second.
         self.begin_waiting: set[int] = set()
+        #: Job mail due: (job, its -m letter), sent by the service.
+        self.mail: list[tuple[Job, str]] = []
         #: Arrays with a ``%N`` limit on their running tasks, by array id.
         self.array_limits: dict[int, int] = {}
         #: Running and exiting jobs (they hold resources).
@@ -181,9 +183,16 @@ class ServerState:
         self.wake = True
 
     def record(self, job: Job, event: str, detail: str = "") -> None:
-        """Log ``event`` in the job's event log and publish it."""
+        """Log ``event`` in the job's event log and publish it (and mail it,
+        when the job asked for mail at that point)."""
         now = self.clock()
         self.store.event(job.id, now, event, detail)
+        points = job.options.mail_points
+        if points:
+            # One mail per event: an abort that is also an end is the abort.
+            letter = next((c for c in mail.letters_for(job, event) if c in points), "")
+            if letter:
+                self.mail.append((job, letter))
         self.events.append(
             (f"jobs/{job.display_id}/{event}", job_event(job, event, now, detail))
         )
@@ -305,6 +314,7 @@ class ServerState:
     # ------------------------------------------------------------ control
 
     def cancel(self, job: Job, comment: str = "cancelled by qdel") -> None:
+        job.rerun_pending = False  # a qdel after a qrerun ends the job
         if job.state in PENDING_STATES:
             self._finish(job, JobResult.CANCELLED, comment=comment)
         elif job.state is JobState.RUNNING:
@@ -417,7 +427,9 @@ class ServerState:
             why = chooser.refusal()
             if why is not None:
                 return why
-        allocs = self.nodes.allocate(job.id, names, request, chooser)
+        allocs = self.nodes.allocate(
+            job.id, names, request, chooser, job.options.features
+        )
         if isinstance(allocs, str):
             return allocs
         self.qos.started(job)
@@ -453,6 +465,9 @@ class ServerState:
         maxrss_kb: int | None = None,
         comment: str = "",
     ) -> None:
+        if job.rerun_pending:  # qrerun killed it: queued again (requeue.py)
+            requeue.back_to_queue(self, job, result, exit_status, comment)
+            return
         job.exit_status, job.signal = exit_status, signal
         job.cputime_s, job.maxrss_kb = cputime_s, maxrss_kb
         self._finish(job, result, end_time=end_time, comment=comment)

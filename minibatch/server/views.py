@@ -85,11 +85,11 @@ def _within_array_limits(
         room[array_id] = limit - running
     out = []
     for p in pending:
-        array_id = state.jobs[p.id].array_id
-        left = room.get(array_id, 1) if array_id is not None else 1
+        task_of = state.jobs[p.id].array_id
+        left = room.get(task_of, 1) if task_of is not None else 1
         if left > 0:
-            if array_id in room:
-                room[array_id] = left - 1
+            if task_of is not None and task_of in room:
+                room[task_of] = left - 1
             out.append(p)
     return tuple(out)
 
@@ -128,6 +128,23 @@ def select(state: ServerState, selector: str, *, finished: bool = True) -> list[
                 )
             job = done
         found = [job] if job is not None else []
+    if not found and not finished and index is not None:
+        _refuse_finished_tasks(state, jid, index)
     if not found:
         raise NotFound(f"unknown job id {selector}")
     return found
+
+
+def _refuse_finished_tasks(state: ServerState, array_id: int, index: str) -> None:
+    """An array (``5[]``) or task (``5[2]``) that has finished is known:
+    "unknown" would name the wrong problem (qdel of a finished job)."""
+    done = [
+        j
+        for j in state.store.finished_in_array(array_id)
+        if index == "" or j.array_index == int(index)
+    ]
+    if index == "" and done:
+        raise InvalidArgument(f"job {array_id}[] has finished")
+    if done:
+        result = done[0].result.value if done[0].result else "ended"
+        raise InvalidArgument(f"job {done[0].display_id} has finished ({result})")

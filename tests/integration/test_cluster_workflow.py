@@ -37,15 +37,17 @@ def test_array_runs_every_task_with_its_index(cluster: ClusterFactory) -> None:
     assert m, shown
     first = int(m.group(1))
     tasks = [f"{first}[{i}]" for i in range(1, 5)]
-    # Held, so qstat shows every task before any has run.
-    assert qstat_rows(c) == {t: "H" for t in tasks}
+    # Held, so qstat -t shows every task before any has run; without -t the
+    # array is one line, as PBS shows it.
+    assert qstat_rows(c, "-t") == {t: "H" for t in tasks}
+    assert qstat_rows(c) == {shown: "H"}
     assert [r["id"] for r in c.qstat_json(shown)] == tasks
     assert [r["array_index"] for r in c.qstat_json(shown)] == [1, 2, 3, 4]
 
     c.run("qrls", shown)
     for task in tasks:
         assert c.wait_state(task, "finished")["result"] == "completed"
-    assert qstat_rows(c, "-x") == {t: "C" for t in tasks}
+    assert qstat_rows(c, "-x", "-t") == {t: "C" for t in tasks}
     for i, task in enumerate(tasks, start=1):
         record = c.job(task)
         out = record["output_path"]
@@ -228,7 +230,16 @@ def test_bad_input_is_refused_with_one_clear_line(cluster: ClusterFactory) -> No
     check_refused(c, before, "qsub", "-t", "5-1", "--", "true", says="array")
     check_refused(c, before, "qsub", "-j", "xy", "--", "true", says="-j")
     check_refused(
-        c, before, "qsub", "-J", "1-3", "-t", "1-3", "--", "true", says="both give an array"
+        c,
+        before,
+        "qsub",
+        "-J",
+        "1-3",
+        "-t",
+        "1-3",
+        "--",
+        "true",
+        says="both give an array",
     )
     check_refused(
         c, before, "qsub", "-o", "/nonexistent/o", "--", "true", says="does not exist"

@@ -145,9 +145,13 @@ def test_server_errors_are_one_line(server):
     ],
 )
 def test_job_control(server, function, action):
+    server.replies = [m.JobList(jobs=[])]
     result = invoke(function, ["5", "6[]", "7[2].ws"])
     assert result.exit_code == 0 and result.stdout == ""
-    assert server.sent == [m.JobControl(action=action, selectors=["5", "6[]", "7[2]"])]
+    # Each id on its own, as PBS does (the server reports the refused ones).
+    assert server.sent == [
+        m.JobControl(action=action, selectors=["5", "6[]", "7[2]"], each=True)
+    ]
 
 
 def test_qdel_refused(server):

@@ -18,7 +18,7 @@ from minibatch.errors import InvalidArgument
 
 ENV = {"HOME": "/home/alice", "PATH": "/usr/bin", "USER": "alice"}
 NOW = time.mktime((2026, 11, 24, 10, 0, 0, 0, 0, -1))
-CTX = Context(ENV, NOW, mail=False)
+CTX = Context(ENV, NOW, mail=False, user="alice")
 
 
 def directives(text: str):
@@ -137,11 +137,10 @@ def test_pbs_dates():
 
 
 def test_array_dependencies():
-    assert parse_depend("afterokarray:5[]") == [
-        Dependency(DependKind.AFTEROK, 5, True)
-    ]
-    with pytest.raises(InvalidArgument, match=r"expected afterokarray:ID\[\]"):
-        parse_depend("afterokarray:5")
+    assert parse_depend("afterokarray:5[]") == [Dependency(DependKind.AFTEROK, 5, True)]
+    assert parse_depend("afterok:5[]") == parse_depend("afterokarray:5")
+    with pytest.raises(InvalidArgument, match="name one array task by its job id"):
+        parse_depend("afterok:5[3]")
 
 
 def test_spec_options_paths_and_account(tmp_path):
@@ -192,3 +191,23 @@ def test_sbatch_command_line(tmp_path):
     with pytest.raises(InvalidArgument, match="first line must start with #!"):
         (tmp_path / "bad.sh").write_text("echo\n")
         sbatch_spec([str(tmp_path / "bad.sh")], environ=ENV, workdir=str(tmp_path))
+
+
+def test_slurm_gpu_forms_and_export_lists():
+    req = to_request(directives("#SBATCH -N 2 --gpus=3\n"))
+    assert req.gpus == 2  # 3 for the job: 2 on each of its 2 nodes
+    opts = directives("#SBATCH --mem-per-gpu=1G -n 2 --gpus-per-task=1\n")
+    req = to_request(opts)
+    assert (req.gpus, req.mem_kb) == (2, 2 * 1024**2)
+    assert directives("#SBATCH --export=A=1\n").export_all is False
+    assert directives("#SBATCH --export=ALL,A=1\n").export_all is True
+    assert to_request(directives("#PBS -l gres=gpu:2\n")).gpus == 2
+
+
+def test_torque_oddities():
+    opts = directives("#PBS -l nodes=1:ppn=4#excl\n#PBS -l feature=a|b\n")
+    assert opts.ppn == 4 and opts.recorded["nodes#"] == "excl"
+    assert "feature" in opts.recorded and not opts.features
+    with pytest.raises(InvalidArgument, match="jobs run as their submitter"):
+        directives("#PBS -u bob\n")
+    assert directives("#PBS -q @server\n").queues is None

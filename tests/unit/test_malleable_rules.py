@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from minibatch.cli.directives import Context, parse_directives
-from minibatch.cli.slurmopts import parse_malleable
+from minibatch.cli.directives import Context as ParseContext
+from minibatch.cli.directives import parse_directives
 from minibatch.cli.qsub import make_spec
+from minibatch.cli.slurmopts import parse_malleable
 from minibatch.core.job import (
     JobRequest,
     JobResult,
@@ -48,9 +49,13 @@ def test_malleable_range_from_the_command_line_and_directives():
     spec = spec_for(["-l", "ncpus=4", "-l", "malleable=2-8", "--", "run"])
     assert spec is not None and spec.request.malleable == (2, 8)
     assert spec.request.ppn == 4
-    pbs = parse_directives("#PBS -l ncpus=2,malleable=1-4\n", "j.sh", Context(ENV, 0.0))
+    pbs = parse_directives(
+        "#PBS -l ncpus=2,malleable=1-4\n", "j.sh", ParseContext(ENV, 0.0)
+    )
     assert pbs.malleable == (1, 4)
-    slurm = parse_directives("#SBATCH --malleable=2-8 -c 4\n", "j.sh", Context(ENV, 0.0))
+    slurm = parse_directives(
+        "#SBATCH --malleable=2-8 -c 4\n", "j.sh", Context(ENV, 0.0)
+    )
     assert slurm.malleable == (2, 8)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from importlib.metadata import entry_points
 
+import msgspec
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -52,3 +53,33 @@ def test_bench_scheduler_command_prints_json():
     assert json.loads(out.output)["policy"] == "easy"
     text = CliRunner().invoke(app, ["--pending", "50", "--nodes", "2", "--repeat", "1"])
     assert "one pass, median (ms)" in text.output
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_keeps_feature_jobs_on_nodes_with_the_features(name):
+    """n0 is busy and has the feature; n1 is idle and lacks it. The job that
+    needs the feature waits for n0 (reserved there), the other starts on n1."""
+    nodes = tuple(
+        msgspec.structs.replace(n, features=("bigmem",) if n.name == "n0" else ())
+        for n in snap([4, 4], [], []).nodes
+    )
+    s = snap([4, 4], [running(1, {"n0": 4}, 0, 100)], [job(2, 2, 50), job(3, 2, 10)])
+    pending = (
+        msgspec.structs.replace(s.pending[0], features=("bigmem",)),
+        s.pending[1],
+    )
+    s = msgspec.structs.replace(
+        s,
+        nodes=tuple(
+            msgspec.structs.replace(n, features=m.features)
+            for n, m in zip(s.nodes, nodes, strict=True)
+        ),
+        pending=pending,
+    )
+    plan = registry.load(name).plan(s)
+    # Strict FIFO starts nothing behind its blocked head.
+    want = [] if name == "fifo" else [(3, ("n1",))]
+    assert [(st.job, st.nodes) for st in plan.starts] == want
+    assert "bigmem" in plan.reasons[2] or 2 in plan.predicted
+    if 2 in plan.predicted:
+        assert plan.predicted[2] == 100

@@ -1,0 +1,86 @@
+"""``qrerun``: kill a running job and queue it again under the same id.
+
+Two steps, because killing takes the node its grace period: :func:`request`
+marks the job (``rerun_pending``, stored, so a server restart in between still
+requeues it), moves it to exiting and sends the node a ``Kill``; when the
+node's end report comes, :func:`back_to_queue` (called by
+``ServerState.job_ended`` instead of finishing the job) frees what the run held
+and puts the job back in the queue, ``reruns`` counting the runs it lost.
+
+The killed run leaves no accounting record (the job has not ended); its end is
+in the job's event log (``tracejob``). It is not charged to fairshare either,
+and teaches PSP nothing: it was stopped, not finished.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from minibatch.core.job import Job, JobResult, JobState
+from minibatch.errors import InvalidArgument
+from minibatch.protocol.messages import Kill
+from minibatch.server import malleable
+
+if TYPE_CHECKING:
+    from minibatch.server.state import ServerState
+
+
+def check(job: Job) -> None:
+    """Raise unless ``job`` may be rerun now (nothing changes)."""
+    if job.state is not JobState.RUNNING:
+        raise InvalidArgument(
+            f"job {job.display_id} is {job.state}; only running jobs can be rerun"
+        )
+    if not job.options.rerunnable:
+        raise InvalidArgument(
+            f"job {job.display_id} is not rerunnable (submitted with -r n)"
+        )
+
+
+def request(state: ServerState, job: Job, by: str) -> None:
+    """Kill the running ``job``; its end report will requeue it."""
+    check(job)
+    # The private move keeps the queue and active set in step (see state.py).
+    state._move(job, JobState.EXITING)
+    job.rerun_pending = True
+    job.comment = f"rerun by {by}"
+    state.store.put_job(job)
+    state.record(job, "exiting", job.comment)
+    node = job.alloc[0].node
+    state.outbox.append(
+        (state.route(node), Kill(job=job.id, result=JobResult.CANCELLED))
+    )
+
+
+def back_to_queue(
+    state: ServerState,
+    job: Job,
+    result: JobResult,
+    exit_status: int | None,
+    comment: str = "",
+) -> None:
+    """The killed run ended: release what it held and queue the job again."""
+    if state.qos.ended(job):
+        state.queue.unblocked()
+    state.nodes.release(job.id, job.alloc)
+    if job.borrowed:
+        malleable.give_back(state, job)
+    ended = f"run {job.reruns + 1} ended {result.value}"
+    if exit_status is not None:
+        ended += f", exit status {exit_status}"
+    if comment:
+        ended += f": {comment}"
+    job.reruns += 1
+    job.rerun_pending = False
+    job.alloc, job.borrowed = [], {}
+    job.start_time = job.end_time = job.session_id = None
+    job.cputime_s = job.maxrss_kb = None
+    job.used_cputime_s = job.used_rss_kb = None
+    job.exit_status = job.signal = job.result = None
+    job.resizes, job.resizing, job.time_limit = [], [], 0.0
+    job.reason, job.predicted_start = "waiting for the scheduler", None
+    state._move(job, JobState.QUEUED)
+    state.freed = True
+    state.store.put_job(job)
+    state.record(job, "requeued", ended)
+    state.changed()
