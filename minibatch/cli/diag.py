@@ -232,7 +232,7 @@ def render_checkjob(job: Job, reply: DiagnoseReply, now: float) -> str:
         "",
         f"State: {_state(job)}" + (f"  ({job.result.value})" if job.result else ""),
         f"Creds:  user:{job.user}  group:{job.group or '-'}  "
-        f"account:{job.account or '-'}  qos:{job.qos or '-'}",
+        f"account:{job.account or '-'}  class:{job.queue or '-'}  qos:{job.qos or '-'}",
         f"WallTime: {maui_duration(ran)} of {maui_duration(req.walltime)}",
         f"SubmitTime: {maui_date(job.submit_time)}",
         f"  (Time Queued  Total: {maui_duration(queued_until - job.submit_time)}"

@@ -10,7 +10,8 @@ src/MPriority.c ``MJobGetStartPriority`` (``shared/batch-systems.md`` §2.2; see
 component weight       subfactors (weight: value)
 ========= ============ ===================================================
 cred      CREDWEIGHT   USERWEIGHT: user prio, GROUPWEIGHT: group prio,
-                       ACCOUNTWEIGHT: account prio, QOSWEIGHT: QOS priority
+                       ACCOUNTWEIGHT: account prio, QOSWEIGHT: QOS priority,
+                       CLASSWEIGHT: class (queue) priority
 fs        FSWEIGHT     FSUSERWEIGHT/FSGROUPWEIGHT/FSACCOUNTWEIGHT: Δ = target -
                        usage % (:mod:`minibatch.policy.fairshare`); only when
                        FSPOLICY is not NONE
@@ -35,7 +36,7 @@ priority is the minutes queued and the order is FIFO. The result is clipped to
 priority P (``PendingView.priority`` != 0, Maui's ``setspri``) gets 10^9 + P and
 passes every computed priority. Queue time accrues from submission (Maui's
 ``JOBPRIOACCRUALPOLICY ALWAYS``; held jobs never reach the snapshot). Not
-modelled: ATTR, USAGE (running jobs only), class credentials, the BYPASS count.
+modelled: ATTR, USAGE (running jobs only), the BYPASS count.
 
 :func:`breakdown` gives every contribution for ``diagnose -p`` and ``checkjob``;
 :class:`Maui` (``maui``) is EASY (or FIFO, ``backfill=False``) over this order,
@@ -65,7 +66,7 @@ MAX_PRIO: Final = 1_000_000_000.0
 #: ``<component>weight`` (``servweight``), a subcomponent's
 #: ``<prefix><subcomponent>weight`` (``queuetimeweight``, ``fsuserweight``).
 _SPEC: Final = (
-    ("cred", "", ("user", "group", "account", "qos")),
+    ("cred", "", ("user", "group", "account", "qos", "class")),
     ("fs", "fs", ("user", "group", "account")),
     ("serv", "", ("queuetime", "xfactor")),
     ("targ", "target", ("queuetime", "xfactor")),
@@ -103,6 +104,8 @@ class PriorityWeights(
     groupweight: float = 0.0
     accountweight: float = 0.0
     qosweight: float = 0.0
+    #: CLASSWEIGHT: the job's queue (Maui's class) priority, ``[[queue]] priority``.
+    classweight: float = 0.0
     fsuserweight: float = 0.0
     fsgroupweight: float = 0.0
     fsaccountweight: float = 0.0
@@ -172,6 +175,7 @@ class Scorer:
             "cred.group": lambda j: weights.group_priority.get(j.group, 0.0),
             "cred.account": lambda j: weights.account_priority.get(j.account, 0.0),
             "cred.qos": self._qos_priority,
+            "cred.class": lambda j: j.queue_priority,
             "fs.user": lambda j: self.fs.delta("user", j.user),
             "fs.group": lambda j: self.fs.delta("group", j.group),
             "fs.account": lambda j: self.fs.delta("account", j.account),

@@ -15,6 +15,7 @@ import msgspec
 
 from minibatch.core.job import Allocation, JobRequest
 from minibatch.core.snapshot import NodeView
+from minibatch.core.units import format_size_kb
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import NodeInfo
 
@@ -180,7 +181,8 @@ class NodeRegistry:
         ):
             most = max(n.mem_kb or 0 for n in self.nodes.values())
             return (
-                f"{mem} KB of memory per node requested but the largest has {most} KB"
+                f"{format_size_kb(mem)} of memory per node requested but the "
+                f"largest node has {format_size_kb(most)}"
             )
         return (
             f"{req.nodes} nodes with {req.ppn} CPUs each requested but only "

@@ -243,26 +243,33 @@ def test_job_mail_goes_through_sendmail(
     cluster: ClusterFactory, tmp_path: Path
 ) -> None:
     box = tmp_path / "mailbox"
+    box.mkdir()
     fake = tmp_path / "sendmail"
+    # One file per mail, complete when it appears: two sendmails may run at once.
     fake.write_text(
-        f'#!/bin/sh\necho "ARGS $*" >> {box}\ncat >> {box}\necho ==== >> {box}\n'
+        f'#!/bin/sh\n{{ echo "ARGS $*"; cat; }} > {box}/.part.$$ && '
+        f"mv {box}/.part.$$ {box}/mail.$$\n"
     )
     fake.chmod(0o755)
+
+    def mails(count: int) -> list[str]:
+        wait_for(lambda: len(list(box.glob("mail.*"))) == count, 10, what="mails")
+        return [p.read_text() for p in box.glob("mail.*")]
+
     c = cluster(nodes=1, server={"sendmail": str(fake)})
     job = c.qsub("-m", "be", "-M", "alice@example.org", "--", "true")
     c.wait_state(job, "completed")
-    wait_for(lambda: box.exists() and box.read_text().count("====") == 2, 10)
-    mails = box.read_text().split("====\n")[:2]
-    assert all("ARGS -t -oi" in m and "To: alice@example.org" in m for m in mails)
-    assert "Begun execution" in mails[0] and "Execution terminated" in mails[1]
+    got = mails(2)
+    assert all("ARGS -t -oi" in m and "To: alice@example.org" in m for m in got)
+    assert sorted("Begun execution" in m for m in got) == [False, True]
+    assert sorted("Execution terminated" in m for m in got) == [False, True]
     # PBS's default: mail to the owner when the system ends the job (abort).
     victim = c.qsub("--", "sleep", "30")
     c.wait_state(victim, "running")
     c.run("qdel", victim)
     c.wait_state(victim, "cancelled")
-    wait_for(lambda: box.read_text().count("====") == 3, 10)
-    last = box.read_text().split("====\n")[2]
-    assert f"PBS JOB {victim}" in last and "Aborted" in last
+    aborted = [m for m in mails(3) if f"PBS JOB {victim}" in m]
+    assert len(aborted) == 1 and "Aborted" in aborted[0]
 
 
 @pytest.mark.timeout(60)

@@ -308,3 +308,11 @@ def test_orders_are_deterministic_permutations(s):
     old = [j.id for j in fifo if NOW - j.submit_time >= 60]
     by_submit = sorted(s.pending, key=lambda j: j.submit_time)
     assert old == [j.id for j in by_submit if NOW - j.submit_time >= 60]
+
+
+def test_class_weight_ranks_queues():
+    """CLASSWEIGHT (0 by default, as in Maui) counts the job's queue priority."""
+    jobs = [job(1, NOW - 600), job(2, NOW - 60, queue="vip", queue_priority=100.0)]
+    assert [p.id for p in priority_order(snap(jobs), PriorityWeights())] == [1, 2]
+    weighted = PriorityWeights(classweight=1.0)
+    assert [p.id for p in priority_order(snap(jobs), weighted)] == [2, 1]

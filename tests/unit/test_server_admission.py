@@ -176,3 +176,10 @@ def test_output_names_per_tool(state: ServerState):
     assert pbs.stderr_path == f"/w/{pbs.array_id}[7].err"
     (d,) = state.submit(spec(stdout_path="/w/logs/"), ME)
     assert d.stdout_path == f"/w/logs/j.o{d.id}"
+
+
+def test_memory_no_node_has_is_refused_naming_it(state: ServerState):
+    for node in state.nodes.nodes.values():
+        node.mem_kb = 1024**2
+    with pytest.raises(InfeasibleRequest, match="2048mb of memory per node .* has 1024mb"):
+        state.submit(spec(request=JobRequest(mem_kb=2 * 1024**2)), ME)
