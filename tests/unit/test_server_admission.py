@@ -181,5 +181,5 @@ def test_output_names_per_tool(state: ServerState):
 def test_memory_no_node_has_is_refused_naming_it(state: ServerState):
     for node in state.nodes.nodes.values():
         node.mem_kb = 1024**2
-    with pytest.raises(InfeasibleRequest, match="2048mb of memory per node .* has 1024mb"):
+    with pytest.raises(InfeasibleRequest, match="2048mb of memory .* has 1024mb"):
         state.submit(spec(request=JobRequest(mem_kb=2 * 1024**2)), ME)
