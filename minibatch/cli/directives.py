@@ -53,6 +53,8 @@ class SubmitOptions(msgspec.Struct, kw_only=True):
     #: Slurm's tasks and CPUs per task, folded into ppn at submission.
     ntasks: int | None = None
     cpus_per_task: int | None = None
+    #: ``procs=N`` (Torque): N CPUs, over as many nodes as it takes.
+    spread: bool | None = None
     tasks_per_node: int | None = None
     #: Memory of the whole job; Slurm's per node and per CPU forms.
     mem_kb: int | None = None

@@ -18,7 +18,8 @@ from minibatch.errors import InvalidArgument
 MAX_ARRAY = 100_000
 
 _ARRAY_ITEM = re.compile(r"^(\d+)(?:-(\d+)(?:[:](\d+))?)?$")
-_JOB_REF = re.compile(r"^(\d+)(?:\[(\d*)\])?(?:\.[\w.-]+)?$")
+#: 123, 123.server, 123[] (a whole array), 123[4] or Slurm's 123_4 (one task).
+_JOB_REF = re.compile(r"^(\d+)(?:\[(\d*)\]|_(\d+))?(?:\.[\w.-]+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WORD = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,63}$")
 _PBS_DATE = re.compile(r"^(\d{2,12})(?:\.(\d{2}))?$")
@@ -97,13 +98,16 @@ def parse_depend(text: str) -> list[Dependency]:
             if m is None:
                 raise InvalidArgument(f"malformed job id {ref!r} in a dependency")
             index = m.group(2)
-            if index:  # one task: PBS names it by its own job id
-                raise InvalidArgument(
-                    f"dependency on {ref!r}: name one array task by its job id "
-                    "(qstat -t lists them), or the whole array as ID[]"
-                )
+            task = m.group(3) or index or None
+            if task is not None and whole:
+                raise InvalidArgument(f"dependency {clause!r}: an array, not a task")
             # afterok:5[] (PBS Pro) and afterokarray:5 (Torque): every task.
-            dep = Dependency(kind, int(m.group(1)), whole or index == "")
+            dep = Dependency(
+                kind,
+                int(m.group(1)),
+                whole or index == "",
+                None if task is None else int(task),
+            )
             if dep not in deps:
                 deps.append(dep)
     return deps

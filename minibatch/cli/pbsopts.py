@@ -193,7 +193,10 @@ def apply(opts: SubmitOptions, letter: str, value: str, ctx: Context) -> None:
             raise InvalidArgument(f"-k {value}: expected a mix of o, e, d, or n")
         opts.keep = keep
     elif letter == "a":
-        opts.begin = parse_pbs_date(value, ctx.now)
+        try:
+            opts.begin = parse_pbs_date(value, ctx.now)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"-a {value}: {exc}") from None
     elif letter == "p":
         _priority(opts, value)
     elif letter == "m":
@@ -350,6 +353,7 @@ def apply_resources(opts: SubmitOptions, text: str, ctx: Context | None = None) 
                 opts.record(key, "", "no effect: unknown resource, recorded only")
         elif key in ("ncpus", "procs"):
             opts.nodes, opts.ppn = 1, positive_int(value, key)
+            opts.spread = key == "procs"
         elif key == "nodes":
             _nodes(opts, value)
         elif key == "select":

@@ -226,10 +226,10 @@ def run(argv: list[str], prog: str = "qsub") -> None:
                 print(USAGE, end="")
             return
         spec, opts = made
-        if opts.test_only:  # #SBATCH --test-only: check, submit nothing
+        reply = submit(spec, opts, prog)
+        if opts.test_only:  # #SBATCH --test-only: checked, nothing queued
             print(f"{prog}: --test-only: the job is valid and was not submitted")
             return
-        reply = submit(spec, opts, prog)
         if not opts.quiet:
             print(reply.display)
         if opts.block:

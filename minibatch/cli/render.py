@@ -270,6 +270,7 @@ def job_record(job: Job) -> dict[str, Any]:
         "group": job.group,
         "queue": job.queue or QUEUE,
         "account": job.account,
+        "qos": job.qos,
         "state": job.state.value,
         "letter": letter(job),
         "result": None if job.result is None else job.result.value,
@@ -464,10 +465,17 @@ def pbsnodes_full(nodes: Sequence[NodeInfo]) -> str:
             f"     state = {state}",
             f"     np = {len(node.cpus)}",
             f"     cpus = {format_cpu_list(node.cpus)}",
+            *(
+                [f"     properties = {','.join(node.features)}"]
+                if node.features
+                else []
+            ),
             "     ntype = cluster",
             f"     jobs = {_node_jobs(node)}".rstrip(),
             f"     status = {','.join(status)}",
         ]
+        if node.gpus:
+            lines.append(f"     gpus = {node.gpus}")
         if node.comment:
             lines.append(f"     note = {node.comment}")
         if node.shared_cpus:

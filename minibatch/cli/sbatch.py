@@ -128,13 +128,10 @@ def run(argv: list[str], prog: str = "sbatch") -> None:
                 print(USAGE, end="")
             return
         spec, opts = made
-        if opts.test_only:
-            # sbatch --test-only submits nothing: say the job is valid.
-            for line in opts.notes:
-                print(f"{prog}: note: {line}", file=sys.stderr)
+        reply = submit(spec, opts, prog)
+        if opts.test_only:  # the server checked it and queued nothing
             print(f"{prog}: --test-only: the job is valid and was not submitted")
             return
-        reply = submit(spec, opts, prog)
         if opts.parsable:
             print(reply.ids[0])  # an array's id, as Slurm prints it
         elif not opts.quiet:

@@ -296,6 +296,8 @@ def _mail_type(opts: SubmitOptions, value: str, ctx: Context) -> None:
         if item.strip() not in _MAIL_TYPES:
             raise InvalidArgument(f"unknown --mail-type {item!r}")
         points += _MAIL_TYPES[item.strip()]
+    # Several --mail-type options add up, as in sbatch.
+    points += opts.mail_points or ""
     opts.mail_points = "".join(c for c in "abe" if c in points)
     if opts.mail_points and not ctx.mail:
         opts.note("--mail-type", "no mail is sent: this machine has no sendmail")

@@ -163,6 +163,15 @@ def job_options(opts: SubmitOptions) -> JobOptions:
         cpus_per_task=opts.cpus_per_task or 0,
         tasks_per_node=opts.tasks_per_node or 0,
         array_limit=opts.array_limit or 0,
+        # Slurm's -n without -N (or a node count), Torque's procs=: the tasks
+        # go on as many nodes as they need.
+        spread=bool(opts.spread)
+        or (
+            opts.ntasks is not None
+            and opts.nodes is None
+            and opts.ppn is None
+            and opts.tasks_per_node is None
+        ),
         project=opts.project or "",
         recorded=dict(opts.recorded),
         group=opts.group or "",
@@ -201,7 +210,8 @@ def build_spec(
         export_all = opts.slurm  # sbatch's default is --export=ALL
     queue = ",".join(opts.queues or [])
     env = dict(environ) if export_all else {}
-    env.update(origin_env(environ, workdir=cwd, host=host, user=user, queue=queue))
+    first = (opts.queues or [""])[0]
+    env.update(origin_env(environ, workdir=cwd, host=host, user=user, queue=first))
     env.update(opts.env)
     base = workdir if opts.slurm else cwd
     stdout = output_path(opts.stdout_path, base, host, opts, "-o")
@@ -218,8 +228,8 @@ def build_spec(
     if opts.slurm and stdout is None:
         pattern = "slurm-%A_%a.out" if opts.array else "slurm-%j.out"
         stdout = os.path.join(workdir, pattern)
-    if opts.slurm and stderr is None and not join:
-        stderr = stdout
+    if opts.slurm and stderr is None:
+        stderr = stdout  # one file for both, joined or not
     return JobSpec(
         name=opts.name or default_name,
         workdir=workdir,
@@ -263,11 +273,12 @@ def read_script(path: str) -> str:
 
 
 def submit(spec: JobSpec, opts: SubmitOptions, prog: str) -> Submitted:
-    """Send the job; the notes (ours, then the server's) go to stderr."""
+    """Send the job (only check it, with ``--test-only``); the notes (ours,
+    then the server's) go to stderr."""
     from minibatch.cli import common
     from minibatch.protocol.messages import Submit
 
-    reply: Submitted = common.call(Submit(spec=spec))
+    reply: Submitted = common.call(Submit(spec=spec, test_only=bool(opts.test_only)))
     for line in [*opts.notes, *reply.notes]:
         print(f"{prog}: note: {line}", file=sys.stderr)
     return reply
@@ -288,16 +299,20 @@ def wait_for_end(ids: list[int], prog: str) -> NoReturn:
             break
         time.sleep(pause)
         pause = min(1.0, pause * 1.5)
-    status = max((_exit_status(j) for j in jobs), default=0)
+    worst = max(jobs, key=_exit_status)
+    status = _exit_status(worst)
     if status:
         print(
-            f"{prog}: job {jobs[0].display_id} ended with exit status {status}",
+            f"{prog}: job {worst.display_id} ended with exit status {status}",
             file=sys.stderr,
         )
-    raise SystemExit(min(status, 255))
+    raise SystemExit(status)
 
 
 def _exit_status(job: Job) -> int:
+    """As a shell reports it: the exit code, or 128 + the signal that ended it
+    (PBS records a job killed by signal N as 256 + N)."""
     if job.exit_status is not None:
-        return job.exit_status
+        status = job.exit_status
+        return 128 + status - 256 if status > 255 else status
     return 128 + job.signal if job.signal else 1

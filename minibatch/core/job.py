@@ -80,9 +80,11 @@ class DependKind(StrEnum):
 class Dependency(msgspec.Struct, frozen=True):
     kind: DependKind
     job: int
-    #: ``afterokarray:5[]`` as submitted: every task of array ``job``. The server
-    #: replaces it by one dependency per task, so stored jobs never have it.
+    #: ``afterokarray:5[]`` as submitted: every task of array ``job``; and
+    #: ``afterok:5[3]`` (``5_3`` in Slurm): its task of index 3. The server
+    #: replaces both by dependencies on job ids, so stored jobs have neither.
     whole_array: bool = False
+    task: int | None = None
 
 
 def dependency_outcome(dep: Dependency, result: JobResult | None) -> bool | None:
@@ -162,6 +164,9 @@ class JobOptions(msgspec.Struct, frozen=True, kw_only=True):
     ntasks: int = 0
     cpus_per_task: int = 0
     tasks_per_node: int = 0
+    #: Its CPUs may be spread over several nodes when no node has them all
+    #: (Slurm's ``-n`` without ``-N``, Torque's ``procs=``).
+    spread: bool = False
     #: ``%N`` in an array range: at most N of its tasks run at once.
     array_limit: int = 0
     #: ``-P`` (PBS Pro): the project; the accounting group when no ``-A``.

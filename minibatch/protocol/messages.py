@@ -60,9 +60,11 @@ class ServerStatus(_Msg, frozen=True, kw_only=True, tag="server_status"):
 
 
 class Submit(_Msg, frozen=True, kw_only=True, tag="submit"):
-    """-> Submitted. ``qsub``: one job, or one per index of ``spec.array``."""
+    """-> Submitted. ``qsub``: one job, or one per index of ``spec.array``;
+    ``test_only``: every check, nothing queued (no ids)."""
 
     spec: JobSpec
+    test_only: bool = False
 
 
 class Submitted(_Msg, frozen=True, kw_only=True, tag="submitted"):
@@ -129,6 +131,8 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     comment: str = ""
     last_heartbeat: float | None = None
     pid: int | None = None
+    features: list[str] = []
+    gpus: int = 0
 
 
 class QueryNodes(_Msg, frozen=True, kw_only=True, tag="query_nodes"):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from minibatch.core.job import Dependency, JobSpec
+from minibatch.core.job import Dependency, JobRequest, JobSpec
 from minibatch.errors import (
     InfeasibleRequest,
     InvalidArgument,
@@ -33,6 +33,8 @@ def admit(
     walltime = state.queues.walltime(queue, spec)
     request = msgspec.structs.replace(spec.request, walltime=walltime)
     options = spec.options
+    if options.spread:
+        request = _spread(state, request, options.cpus_per_task or 1, notes)
     features = _features(state, options.features, notes)
     if features != options.features:
         options = msgspec.structs.replace(options, features=features)
@@ -45,7 +47,9 @@ def admit(
     if options.slurm:
         # In Slurm an array's id names the whole array.
         depends = [
-            Dependency(d.kind, d.job, True) if d.job in state.arrays else d
+            Dependency(d.kind, d.job, True)
+            if d.job in state.arrays and d.task is None
+            else d
             for d in depends
         ]
     depends = _expand_arrays(state, depends)
@@ -57,6 +61,22 @@ def admit(
         depends=depends,
     )
     return spec, caller
+
+
+def _spread(
+    state: ServerState, request: JobRequest, per_task: int, notes: list[str]
+) -> JobRequest:
+    """Tasks that no one node holds, over as few nodes as hold them (whole
+    tasks per node), as Slurm places ``-n`` and Torque ``procs=``."""
+    biggest = max((len(n.cpus) for n in state.nodes.nodes.values()), default=0)
+    room = biggest // per_task * per_task
+    if request.nodes != 1 or request.ppn <= biggest or room == 0:
+        return request
+    tasks = request.ppn // per_task
+    nodes = -(-request.ppn // room)
+    ppn = -(-tasks // nodes) * per_task
+    notes.append(f"{request.ppn} CPUs: spread over {nodes} nodes of {ppn} CPUs")
+    return msgspec.structs.replace(request, nodes=nodes, ppn=ppn)
 
 
 def _features(state: ServerState, asked: list[str], notes: list[str]) -> list[str]:
@@ -94,17 +114,24 @@ def _in_group(caller: Caller, group: str) -> Caller:
 
 
 def _expand_arrays(state: ServerState, deps: list[Dependency]) -> list[Dependency]:
-    """``afterokarray:5[]`` -> one dependency on each task of array 5."""
-    if not any(d.whole_array for d in deps):
+    """``afterokarray:5[]`` -> one dependency on each task of array 5, and
+    ``afterok:5[3]`` -> one on the job id of its task 3."""
+    if not any(d.whole_array or d.task is not None for d in deps):
         return deps
     out: list[Dependency] = []
     for dep in deps:
-        if not dep.whole_array:
+        if not dep.whole_array and dep.task is None:
             out.append(dep)
             continue
-        tasks = list(state.arrays.get(dep.job, []))
-        tasks += [j.id for j in state.store.finished_in_array(dep.job)]
-        if not tasks:
+        tasks = [state.jobs[i] for i in state.arrays.get(dep.job, [])]
+        tasks += state.store.finished_in_array(dep.job)
+        if dep.task is not None:
+            tasks = [t for t in tasks if t.array_index == dep.task]
+            if not tasks:
+                raise NotFound(
+                    f"dependency on unknown array task {dep.job}[{dep.task}]"
+                )
+        elif not tasks:
             raise NotFound(f"dependency on unknown array {dep.job}[]")
-        out += [Dependency(dep.kind, t) for t in sorted(set(tasks))]
+        out += [Dependency(dep.kind, t) for t in sorted({t.id for t in tasks})]
     return out

@@ -72,7 +72,9 @@ def submit(
     state: ServerState, ctx: Context, caller: Caller | None, ident: bytes, msg: Submit
 ) -> Message:
     notes: list[str] = []
-    jobs = state.submit(msg.spec, need_caller(caller), notes)
+    jobs = state.submit(msg.spec, need_caller(caller), notes, msg.test_only)
+    if msg.test_only:
+        return Submitted(ids=[], display="", notes=notes)
     display = f"{jobs[0].id}[]" if msg.spec.array else str(jobs[0].id)
     return Submitted(ids=[j.id for j in jobs], display=display, notes=notes)
 

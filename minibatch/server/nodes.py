@@ -107,6 +107,8 @@ class Node(msgspec.Struct, kw_only=True):
             comment=self.comment,
             last_heartbeat=self.last_heartbeat,
             pid=self.pid,
+            features=self.features,
+            gpus=self.gpus,
         )
 
 
@@ -159,10 +161,19 @@ class NodeRegistry:
         ]
         if len(fitting) >= req.nodes:
             return None
-        if req.gpus and all(n.gpus < req.gpus for n in self.nodes.values()):
-            most = max(n.gpus for n in self.nodes.values())
+        nodes = self.nodes.values()
+        with_gpus = [n for n in nodes if n.gpus >= req.gpus]
+        if req.gpus and len(with_gpus) < req.nodes:
+            most = max(n.gpus for n in nodes)
+            if not with_gpus:
+                return (
+                    f"{req.gpus} gpus per node requested but the most a node has "
+                    f"is {most}"
+                )
             return (
-                f"{req.gpus} gpus per node requested but the most a node has is {most}"
+                f"{req.nodes} nodes with {req.gpus} gpus each requested but only "
+                f"{len(with_gpus)} node{'s have' if len(with_gpus) > 1 else ' has'} "
+                "that many"
             )
         if (
             need

@@ -36,13 +36,24 @@ class QosTable:
         #: (user, qos) pairs at their limit right now.
         self._full: set[tuple[str, str]] = set()
 
-    def resolve(self, name: str) -> str:
-        """The QOS a submission gets: ``name``, or the default; unknown is an error."""
+    def resolve(
+        self, name: str, notes: list[str] | None = None, strict: bool = True
+    ) -> str:
+        """The QOS a submission gets: ``name``, or the default. An unknown one
+        is an error under ``strict``; otherwise the default, with a note (a
+        script from another cluster asks for its ``--qos=normal``)."""
         if not name:
             return self.default
         if name not in self.views:
             known = ", ".join(sorted(self.views)) or "none are configured"
-            raise InvalidArgument(f"unknown QOS {name!r} (defined: {known})")
+            if strict or notes is None:
+                raise InvalidArgument(f"unknown QOS {name!r} (defined: {known})")
+            default = repr(self.default) if self.default else "none"
+            notes.append(
+                f"QOS {name} does not exist here (defined: {known}); "
+                f"the job gets {default}"
+            )
+            return self.default
         return name
 
     def check_walltime(self, qos: str, walltime: int) -> None:

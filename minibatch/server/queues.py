@@ -64,8 +64,14 @@ class QueueTable:
         """The job's walltime: its own, or the queue's default; within the limit."""
         walltime = spec.request.walltime
         default = queue.seconds(queue.default_walltime)
-        if not spec.walltime_given and default is not None:
-            walltime = default
+        limit = queue.seconds(queue.max_walltime)
+        if not spec.walltime_given:
+            # The queue's default, else no more than its limit (Slurm's
+            # DefaultTime, else MaxTime).
+            if default is not None:
+                walltime = default
+            elif limit is not None:
+                walltime = min(walltime, limit)
         check_limits(queue, walltime, spec.request.cpus)
         return walltime
 

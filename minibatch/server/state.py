@@ -237,15 +237,20 @@ class ServerState:
     # ---------------------------------------------------------- submission
 
     def submit(
-        self, spec: JobSpec, caller: Caller, notes: list[str] | None = None
+        self,
+        spec: JobSpec,
+        caller: Caller,
+        notes: list[str] | None = None,
+        test_only: bool = False,
     ) -> list[Job]:
         """Queue ``spec``'s job(s), or raise having changed nothing. ``notes``
         gets a line for each thing the submitter should know (an unknown queue
-        replaced by the default, a node feature nobody has)."""
+        replaced by the default, a node feature nobody has). ``test_only``
+        checks everything and queues nothing (``sbatch --test-only``)."""
         notes = [] if notes is None else notes
         check_spec(spec)
         spec, caller = admission.admit(self, spec, caller, notes)
-        qos = self.qos.resolve(spec.qos)
+        qos = self.qos.resolve(spec.qos, notes, self.queues.strict)
         self.qos.check_walltime(qos, spec.request.walltime)
         if spec.advres:
             booking.check_advres(self, spec.advres, caller.user, spec.request)
@@ -261,6 +266,8 @@ class ServerState:
             if done is None:
                 raise NotFound(f"dependency on unknown job {dep.job}")
             outcomes.append(dependency_outcome(dep, done.result))
+        if test_only:
+            return []
         now = self.clock()
         begin = spec.options.begin
         if spec.hold:
@@ -448,6 +455,8 @@ class ServerState:
         if job.state is JobState.QUEUED:
             self.queue.explain(job)
             blocked = self.qos.reason(job.user, job.qos)
+            if not self.queues.started(job.queue):
+                blocked = f"queue {job.queue} is stopped (started = false)"
             if blocked:
                 job.reason, job.predicted_start = blocked, None
 

@@ -170,10 +170,11 @@ class _Names:
                 # Torque -k: kept in the home directory as it is written.
                 return os.path.join(_home(self.uid), default)
             return os.path.join(spec.workdir, default)
+        # A #PBS -o line read by sbatch keeps its PBS names; Slurm's % names
+        # are only filled in for jobs submitted the Slurm way.
+        path = self.pbs(given, display, index)
         if spec.options.slurm:
-            path = self.slurm(given, jid, array, index)
-        else:
-            path = self.pbs(given, display, index)
+            path = self.slurm(path, jid, array, index)
         if path.endswith("/"):
             path += default
         return os.path.join(spec.workdir, path)

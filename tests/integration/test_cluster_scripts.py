@@ -288,3 +288,48 @@ def test_vmem_is_the_kernels_address_space_limit(cluster: ClusterFactory) -> Non
     record = c.wait_state(job, "completed", timeout=30)
     fields = Path(record["output_path"]).read_text().split()
     assert fields[3:5] == [str(200 * 1024 * 1024)] * 2
+
+
+@pytest.mark.timeout(90)
+def test_what_a_new_user_tried(cluster: ClusterFactory) -> None:
+    """Found by trying scripts as a new user: each line once went wrong."""
+    c = cluster(
+        nodes=2,
+        queue=[
+            {"name": "batch"},
+            {"name": "short", "max_walltime": 600},
+            {"name": "shut", "enabled": False},
+        ],
+    )
+    # --test-only asks the server, and queues nothing.
+    proc = c.run("sbatch", "--test-only", "-p", "shut", "--wrap", "true", check=False)
+    assert proc.returncode == 1 and "closed to new jobs" in proc.stderr
+    proc = c.run("sbatch", "--test-only", "--wrap", "true")
+    assert "valid and was not submitted" in proc.stdout
+    assert c.jobs() == []
+    # A queue with a limit and no default: a job asking no walltime gets the limit.
+    job = c.run("sbatch", "--parsable", "-p", "short", "--wrap", "true").stdout.strip()
+    assert c.job(job)["walltime"] == 600
+    # -n 2 without -N on two one-CPU nodes: one task on each.
+    spread = c.run(
+        "sbatch", "--parsable", "-n", "2", "--wrap", "echo $SLURM_NTASKS $SLURM_NNODES"
+    )
+    record = c.wait_state(spread.stdout.strip(), "completed", timeout=30)
+    assert Path(record["output_path"]).read_text() == "2 2\n"
+    assert "spread over 2 nodes" in spread.stderr
+    # A #PBS -o name with ^array_index^ read by sbatch is still PBS's.
+    script = c.work / "arr.pbs"
+    script.write_text(
+        "#!/bin/sh\n#PBS -J 1-2\n#PBS -o out.^array_index^\necho $PBS_ARRAY_INDEX\n"
+    )
+    array = c.run("sbatch", "--parsable", str(script)).stdout.strip()
+    wait_for(
+        lambda: all(t["state"] == "finished" for t in c.qstat_json("-x", f"{array}[]")),
+        30,
+    )
+    assert [(c.work / f"out.{i}").read_text() for i in (1, 2)] == ["1\n", "2\n"]
+    # qsub -W block=true of a job its walltime ends: 128 + SIGTERM, as a shell says.
+    proc = c.run(
+        "qsub", "-W", "block=true", "-l", "walltime=1", "--", "sleep", "30", check=False
+    )
+    assert proc.returncode == 143, proc.stderr

@@ -139,8 +139,8 @@ def test_pbs_dates():
 def test_array_dependencies():
     assert parse_depend("afterokarray:5[]") == [Dependency(DependKind.AFTEROK, 5, True)]
     assert parse_depend("afterok:5[]") == parse_depend("afterokarray:5")
-    with pytest.raises(InvalidArgument, match="name one array task by its job id"):
-        parse_depend("afterok:5[3]")
+    assert parse_depend("afterok:5[3]") == parse_depend("afterok:5_3")
+    assert parse_depend("afterok:5_3")[0].task == 3
 
 
 def test_spec_options_paths_and_account(tmp_path):

@@ -150,6 +150,16 @@ def test_array_dependencies_expand_to_tasks(state: ServerState):
     )
     assert [d.job for d in job.depends] == [t.id for t in tasks]
     assert not any(d.whole_array for d in job.depends)
+    (one,) = state.submit(
+        spec(depends=[Dependency(DependKind.AFTEROK, first, task=2)]), ME
+    )
+    assert [d.job for d in one.depends] == [tasks[1].id]
+    # In Slurm an array's id stands for all its tasks.
+    slurm = JobOptions(slurm=True)
+    (s,) = state.submit(
+        spec(depends=[Dependency(DependKind.AFTEROK, first)], options=slurm), ME
+    )
+    assert [d.job for d in s.depends] == [t.id for t in tasks]
 
 
 def test_output_names_per_tool(state: ServerState):
@@ -183,3 +193,15 @@ def test_memory_no_node_has_is_refused_naming_it(state: ServerState):
         node.mem_kb = 1024**2
     with pytest.raises(InfeasibleRequest, match="2048mb of memory .* has 1024mb"):
         state.submit(spec(request=JobRequest(mem_kb=2 * 1024**2)), ME)
+
+
+def test_tasks_spread_over_nodes_when_no_node_holds_them(state: ServerState):
+    notes: list[str] = []
+    spread = JobOptions(spread=True, ntasks=4)
+    (job,) = state.submit(spec(request=JobRequest(ppn=4), options=spread), ME, notes)
+    assert (job.request.nodes, job.request.ppn) == (2, 2)
+    assert "spread over 2 nodes of 2 CPUs" in notes[0]
+    (fits,) = state.submit(spec(request=JobRequest(ppn=2), options=spread), ME)
+    assert (fits.request.nodes, fits.request.ppn) == (1, 2)  # one node holds it
+    with pytest.raises(InfeasibleRequest):
+        state.submit(spec(request=JobRequest(ppn=4)), ME)  # -N 1 -n 4: no

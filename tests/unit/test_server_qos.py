@@ -50,11 +50,19 @@ def spec(walltime: int = 60, **kw) -> JobSpec:
 
 
 def test_qos_is_validated_at_submission_and_defaults(state: ServerState):
+    # Unknown: the default QOS, with a note (a refusal under strict = true).
+    notes: list[str] = []
+    (gold,) = state.submit(spec(qos="gold"), ALICE, notes)
+    assert gold.qos == "normal" and "QOS gold does not exist here" in notes[0]
+    assert "debug, high" in notes[0]
+    state.cancel(gold)
+    state.queues.strict = True
     with pytest.raises(InvalidArgument, match="unknown QOS 'gold'.*debug, high"):
         state.submit(spec(qos="gold"), ALICE)
+    state.queues.strict = False
     with pytest.raises(InvalidArgument, match="exceeds the maximum of QOS 'debug'"):
         state.submit(spec(walltime=3600, qos="debug"), ALICE)
-    assert not state.jobs
+    assert list(state.jobs) == []
     (job,) = state.submit(spec(), ALICE)
     assert job.qos == "normal"
     assert state.snapshot().qos["high"].priority == 100.0
