@@ -2,7 +2,7 @@
 
 Long options may be abbreviated to any unambiguous prefix and take their value
 after ``=`` or as the next word, as getopt_long allows (``--time 30``,
-``--cpus-per=4``). Options that cannot mean anything on one workstation are
+``--cpus-per-t=4``). Options that cannot mean anything on one workstation are
 recorded with a note; see docs/compatibility.md.
 """
 
@@ -12,6 +12,10 @@ import re
 
 from minibatch.cli.common import check_name, positive_int
 from minibatch.cli.directives import Context, SubmitOptions
+from minibatch.cli.longopts import FLAG as _FLAG
+from minibatch.cli.longopts import OPTIONAL as _OPTIONAL
+from minibatch.cli.longopts import VALUE as _VALUE
+from minibatch.cli.longopts import LongOptions
 from minibatch.cli.optvalues import (
     check_word,
     parse_array,
@@ -20,8 +24,6 @@ from minibatch.cli.optvalues import (
     parse_slurm_begin,
 )
 from minibatch.errors import InvalidArgument
-
-_VALUE, _FLAG, _OPTIONAL = "value", "flag", "optional"
 
 #: Long name -> (short letter, arity); honoured by :func:`apply`.
 # fmt: off
@@ -115,7 +117,6 @@ _RECORDED: dict[str, tuple[str, str, str]] = {
 _LONG = {name: (short, arity) for name, (short, arity) in _HONOURED.items()} | {
     name: (short, arity) for name, (short, arity, _) in _RECORDED.items()
 }
-_SHORT = {short: name for name, (short, _) in _LONG.items() if short}
 
 _MEM = re.compile(r"^(\d+)([kmgt]?)b?$", re.IGNORECASE)
 _MEM_KB = {"k": 1, "": 1024, "m": 1024, "g": 1024**2, "t": 1024**3}
@@ -139,64 +140,12 @@ _MAIL_TYPES = {
 
 
 #: Other spellings sbatch accepts.
-_ALIASES = {"tasks-per-node": "ntasks-per-node", "name": "job-name"}
-
-
-def long_name(text: str) -> str:
-    """A long option or an unambiguous prefix of one -> its full name.
-
-    Underscores count as dashes (old scripts say ``--mem_bind``)."""
-    text = text.replace("_", "-")
-    text = _ALIASES.get(text, text)
-    if text in _LONG:
-        return text
-    matches = [name for name in _LONG if name.startswith(text)]
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        raise InvalidArgument(
-            f"option --{text} is ambiguous ({', '.join(sorted(matches))})"
-        )
-    raise InvalidArgument(f"unknown option --{text}")
+_OPTIONS = LongOptions(_LONG, {"tasks-per-node": "ntasks-per-node", "name": "job-name"})
 
 
 def getopt(tokens: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
-    """sbatch tokens -> ((long name, value) pairs, operands from the first one on).
-
-    Flags get ""; an optional value must follow ``=`` (``--exclusive=user``).
-    """
-    out: list[tuple[str, str]] = []
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if tok == "--":
-            return out, tokens[i + 1 :]
-        if tok.startswith("--"):
-            text, sep, value = tok[2:].partition("=")
-            name = long_name(text)
-        elif tok.startswith("-") and len(tok) > 1:
-            name = _SHORT.get(tok[1], "")
-            if not name:
-                raise InvalidArgument(f"unknown option -{tok[1]}")
-            value = tok[2:]
-            if value.startswith("="):
-                value = value[1:]
-            sep = "=" if value else ""
-            if _LONG[name][1] == _FLAG and value:
-                raise InvalidArgument(f"option -{tok[1]} takes no value")
-        else:
-            return out, tokens[i:]
-        arity = _LONG[name][1]
-        if arity == _FLAG and sep:
-            raise InvalidArgument(f"option --{name} takes no value")
-        if arity == _VALUE and not sep:
-            i += 1
-            if i == len(tokens):
-                raise InvalidArgument(f"option --{name} needs a value")
-            value = tokens[i]
-        out.append((name, value))
-        i += 1
-    return out, []
+    """sbatch tokens -> ((long name, value) pairs, operands from the first one on)."""
+    return _OPTIONS.getopt(tokens)
 
 
 def apply_tokens(

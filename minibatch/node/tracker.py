@@ -196,6 +196,7 @@ class Tracker:
             return  # already being killed; the first reason stands
         run.kill_reason, run.comment = result, comment
         log.info("job %s: killing (%s)", run.spec.display_id, result)
+        self._tell(run)
         self._terminate(run)
 
     def signal(self, job: int, sig: int) -> None:
@@ -441,7 +442,13 @@ class Tracker:
             run.kill_reason = JobResult.TIMEOUT
             run.comment = f"walltime of {run.limit:.0f} s exceeded"
             log.info("job %s: %s", run.spec.display_id, run.comment)
+            self._tell(run)
             self._terminate(run)
+
+    def _tell(self, run: Run) -> None:
+        line = limits.kill_line(run, self.launcher.node, time.time())
+        if line:
+            limits.tell_job(run, self.launcher, line)
 
     def _warn(self, run: Run, tree: set[int], table: ProcTable) -> None:
         """``--signal``: the job's signal, ahead of its time limit."""
@@ -512,6 +519,7 @@ class Tracker:
                     run.kill_reason, run.comment = why
                     log.info("job %s: %s", run.spec.display_id, run.comment)
                     self._kill_pids(run, tree, table, signal.SIGKILL)
+                    self._tell(run)
                 elif limits.warning_due(run, time.time()):
                     run.warned = True
                     self._warn(run, tree, table)

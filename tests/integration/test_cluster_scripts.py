@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster, ClusterFactory, wait_for
+from tests.integration.conftest import BIN, Cluster, ClusterFactory, wait_for
 
 QUEUES = {
     "queue": [
@@ -333,3 +333,38 @@ def test_what_a_new_user_tried(cluster: ClusterFactory) -> None:
         "qsub", "-W", "block=true", "-l", "walltime=1", "--", "sleep", "30", check=False
     )
     assert proc.returncode == 143, proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_srun_starts_the_tasks_of_the_job(cluster: ClusterFactory) -> None:
+    c = cluster(nodes=1, cpus_per_node=2)
+    script = c.work / "mpi-style.slurm"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH -n 2 -t 1\n"
+        "srun -l sh -c 'echo rank $SLURM_PROCID of $SLURM_NTASKS on CPU $MB_CPU_LIST'\n"
+        "srun -n 1 true\n"
+    )
+    env = {**c.env, "PATH": f"{BIN}:{c.env['PATH']}"}  # as after activating .venv
+    job = c.run("sbatch", "--parsable", str(script), env=env).stdout.strip()
+    record = c.wait_state(job, "completed", timeout=30)
+    lines = sorted(Path(record["output_path"]).read_text().splitlines())
+    cpus = record["cpus"]
+    assert lines == [f"{i}: rank {i} of 2 on CPU {cpu}" for i, cpu in enumerate(cpus)]
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_job_finds_why_in_its_error_file(cluster: ClusterFactory) -> None:
+    c = cluster(nodes=1)
+    pbs = c.qsub("-l", "walltime=1", "--", "sleep", "30")
+    slurm = c.run(
+        "sbatch", "--parsable", "-t", "0:01", "-e", "err-%j.txt", "--wrap", "sleep 30"
+    ).stdout.strip()
+    for job in (pbs, slurm):
+        c.wait_state(job, "timeout", timeout=30)
+    pbs_err = Path(c.job(pbs)["error_path"]).read_text()
+    assert pbs_err == "=>> PBS: job killed: walltime of 1 s exceeded\n"
+    slurm_err = (c.work / f"err-{slurm}.txt").read_text()
+    assert slurm_err.startswith(
+        f"slurmstepd: error: *** JOB {slurm} ON node0 CANCELLED AT "
+    )
+    assert slurm_err.endswith(" DUE TO TIME LIMIT ***\n")
