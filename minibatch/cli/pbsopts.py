@@ -288,7 +288,7 @@ def _nodes(opts: SubmitOptions, value: str) -> None:
             elif key == "gpus" and sep:
                 gpus = max(gpus, positive_int(num, "gpus"))
             elif sep:
-                opts.record(key, num, "recorded only")
+                opts.record(key, num, "no effect: unknown node property, recorded only")
             else:
                 _add_features(opts, [key])
     if len(specs) > 1:
@@ -323,7 +323,8 @@ def _select(opts: SubmitOptions, value: str) -> None:
             elif num.lower() == "true":
                 _add_features(opts, [key])
             else:
-                opts.record(key, num, _RESOURCE_NOTES.get(key) or "recorded only")
+                why = _RESOURCE_NOTES.get(key) or "unknown resource, recorded only"
+                opts.record(key, num, f"no effect: {why}")
     opts.nodes, opts.ppn = total, ncpus
     if mem_kb is not None:
         opts.mem_kb = mem_kb * total

@@ -152,6 +152,7 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
                 )
                 t.start()
                 pumps.append(t)
+
     def forward(sig: int, _frame: object) -> None:
         for p in procs:
             if p.returncode is None:

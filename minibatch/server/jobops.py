@@ -223,6 +223,8 @@ def move_job(
 
     def act(job: Job) -> None:
         before = job.queue or table.default
+        if before == dest.name:
+            return  # already there (a task of an array moved before)
         job.queue = dest.name
         if job.state is JobState.QUEUED:
             # Its rank depends on its queue's priority.
