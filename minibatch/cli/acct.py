@@ -16,6 +16,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -32,19 +33,23 @@ _SCALE = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _ABSOLUTE_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S")
 
 
-_ACCT_NAMES = {name.lower(): name for name in render.ACCT_FIELDS}
+#: Field name -> (default width, value): :data:`render.ACCT_FIELDS` or more.
+Fields = dict[str, tuple[int, Callable[[Job, float], str]]]
 
 
-def parse_acct_format(spec: str) -> list[tuple[str, int]]:
+def parse_acct_format(
+    spec: str, fields: Fields = render.ACCT_FIELDS
+) -> list[tuple[str, int]]:
     """``JobID,JobName%30,state`` -> ``[(field, width), ...]`` (names any case)."""
+    names = {name.lower(): name for name in fields}
     columns = []
     for item in spec.split(","):
         raw, _, width_text = item.strip().partition("%")
-        name = _ACCT_NAMES.get(raw.lower())
+        name = names.get(raw.lower())
         if name is None:
-            known = ", ".join(render.ACCT_FIELDS)
+            known = ", ".join(fields)
             raise InvalidArgument(f"unknown format field {raw!r} (known: {known})")
-        width = render.ACCT_FIELDS[name][0]
+        width = fields[name][0]
         if width_text:
             if not width_text.isdigit() or int(width_text) < 1:
                 raise InvalidArgument(f"malformed field width in {item!r}")
@@ -53,10 +58,30 @@ def parse_acct_format(spec: str) -> list[tuple[str, int]]:
     return columns
 
 
-def acct_record(job: Job, columns: list[tuple[str, int]], now: float) -> dict[str, str]:
+def acct_record(
+    job: Job,
+    columns: list[tuple[str, int]],
+    now: float,
+    fields: Fields = render.ACCT_FIELDS,
+) -> dict[str, str]:
     """``--format`` with ``--json``: only those fields, as the table shows
     them (uncut: widths are for the table)."""
-    return {name: render.ACCT_FIELDS[name][1](job, now) for name, _ in columns}
+    return {name: fields[name][1](job, now) for name, _ in columns}
+
+
+def json_text(
+    jobs: Sequence[Job],
+    columns: list[tuple[str, int]] | None,
+    now: float,
+    fields: Fields = render.ACCT_FIELDS,
+) -> str:
+    """``--json``: each job's whole record, or only ``columns`` when given."""
+    records = (
+        [render.job_record(j) for j in jobs]
+        if columns is None
+        else [acct_record(j, columns, now, fields) for j in jobs]
+    )
+    return json.dumps(records, indent=2) + "\n"
 
 
 def parse_since(text: str, now: float) -> float:
@@ -139,12 +164,7 @@ def acct_command(
         layout = [(n.name, len(n.cpus)) for n in nodes.nodes]
         sys.stdout.write(export_swf(found, nodes=layout))
     elif as_json:
-        records = (
-            [render.job_record(j) for j in found]
-            if fields is None
-            else [acct_record(j, columns, now) for j in found]
-        )
-        sys.stdout.write(json.dumps(records, indent=2) + "\n")
+        sys.stdout.write(json_text(found, None if fields is None else columns, now))
     else:
         sys.stdout.write(render.acct_table(found, columns, now))
 

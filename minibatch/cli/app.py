@@ -24,6 +24,9 @@ from minibatch.cli import (
     resv,
     showq,
     sim,
+    slurmacct,
+    slurmcmds,
+    slurmctl,
 )
 
 app = typer.Typer(
@@ -56,6 +59,14 @@ app.command("pbsnodes", context_settings=pbsnodes.CONTEXT_SETTINGS)(
     pbsnodes.pbsnodes_command
 )
 app.command("acct", context_settings=acct.CONTEXT_SETTINGS)(acct.acct_command)
+# Slurm's commands.
+for _slurm_name, _slurm_command, _slurm_settings in (
+    ("squeue", slurmcmds.squeue_command, slurmcmds.CONTEXT_SETTINGS),
+    ("scancel", slurmcmds.scancel_command, slurmcmds.HELP_SETTINGS),
+    ("sacct", slurmacct.sacct_command, slurmcmds.HELP_SETTINGS),
+    ("scontrol", slurmctl.scontrol_command, slurmctl.CONTEXT_SETTINGS),
+):
+    app.command(_slurm_name, context_settings=_slurm_settings)(_slurm_command)
 # Maui's commands.
 for _name, _command in (
     ("showq", showq.showq_command),

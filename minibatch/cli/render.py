@@ -384,6 +384,9 @@ ACCT_FIELDS: dict[str, tuple[int, _Getter]] = {
     "JobName": (10, lambda j, now: j.name),
     "User": (9, lambda j, now: j.user),
     "Group": (9, lambda j, now: j.group),
+    "Partition": (10, lambda j, now: j.queue or QUEUE),
+    "Account": (10, lambda j, now: j.account),
+    "QOS": (10, lambda j, now: j.qos),
     "State": (10, lambda j, now: slurm_state(j)),
     "ExitCode": (8, lambda j, now: slurm_exit_code(j)),
     "Elapsed": (10, lambda j, now: slurm_duration(elapsed(j, now))),
@@ -416,13 +419,16 @@ def _sacct_cell(text: str, width: int) -> str:
 
 
 def acct_table(
-    jobs: Sequence[Job], columns: Sequence[tuple[str, int]], now: float
+    jobs: Sequence[Job],
+    columns: Sequence[tuple[str, int]],
+    now: float,
+    fields: dict[str, tuple[int, _Getter]] = ACCT_FIELDS,
 ) -> str:
-    """An sacct-style table of ``jobs`` with the given columns."""
+    """An sacct-style table of ``jobs`` with the given columns of ``fields``."""
     lines = [" ".join(_sacct_cell(name, w) for name, w in columns)]
     lines.append(" ".join("-" * w for _, w in columns))
     for job in jobs:
-        cells = [_sacct_cell(ACCT_FIELDS[name][1](job, now), w) for name, w in columns]
+        cells = [_sacct_cell(fields[name][1](job, now), w) for name, w in columns]
         lines.append(" ".join(cells))
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
