@@ -26,6 +26,7 @@ _PBS_DATE = re.compile(r"^(\d{2,12})(?:\.(\d{2}))?$")
 _CLOCK = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?\s*([AaPp][Mm])?$")
 _ISO = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:T(\d{1,2}):(\d{2})(?::(\d{2}))?)?$")
 _SLASH = re.compile(r"^(\d{1,2})[/.](\d{1,2})(?:[/.](\d{2}))?$")
+_MMDDYY = re.compile(r"^(\d{2})(\d{2})(\d{2})?$")
 _RELATIVE = re.compile(r"^now(?:\+(\d+)(seconds?|minutes?|hours?|days?|weeks?)?)?$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 #: Slurm's named times of day (sbatch --begin).
@@ -170,8 +171,8 @@ def parse_pbs_date(text: str, now: float) -> float:
 
 def parse_slurm_begin(text: str, now: float) -> float:
     """sbatch ``--begin``: ``HH:MM[:SS] [AM|PM]``, ``YYYY-MM-DD[THH:MM[:SS]]``,
-    ``MM/DD[/YY]``, ``now[+N[units]]``, midnight, noon, fika, teatime, today,
-    tomorrow -> epoch seconds (local time)."""
+    ``MM/DD[/YY]``, ``MMDD[YY]``, ``now[+N[units]]``, midnight, noon, fika,
+    teatime, today, tomorrow -> epoch seconds (local time)."""
     value = text.strip().lower()
     t = time.localtime(now)
     if m := _RELATIVE.match(value):
@@ -191,7 +192,7 @@ def parse_slurm_begin(text: str, now: float) -> float:
     if m := _ISO.match(value.upper()):
         y, mo, d, h, mi, s = (int(g or 0) for g in m.groups())
         return _at(now, y, mo, d, h, mi, s)
-    if m := _SLASH.match(value):
+    if m := _SLASH.match(value) or _MMDDYY.match(value):
         year = 2000 + int(m.group(3)) if m.group(3) else t.tm_year
         return _at(now, year, int(m.group(1)), int(m.group(2)), 0, 0, 0)
     raise InvalidArgument(

@@ -20,7 +20,7 @@ from minibatch.core.units import parse_duration, parse_size_kb
 from minibatch.errors import InvalidArgument
 
 #: qsub letters that take a value; the rest of :data:`LETTERS` are flags.
-_VALUED = frozenset("aAbcCdDeFjkKlLmMNoPpqrRSTtuvwWJ")
+_VALUED = frozenset("aAbcCdDeFijkKlLmMNoPpqrRSTtuvwWJ")
 #: Flags (Torque and PBS Pro); ``-I``, ``-G`` and ``-X`` need a terminal.
 _FLAGS = frozenset("fhnVzIGXx")
 LETTERS = _VALUED | _FLAGS
@@ -32,6 +32,7 @@ _RECORDED = {
     "c": "checkpointing is not available: a rerun starts from the beginning",
     "D": "jobs do not run under another root directory",
     "f": "one host: there is no sister node to tolerate the loss of",
+    "i": "idle slots are not held for arrays (the % limit of -t is honoured)",
     "K": "the node's kill_grace sets the time between SIGTERM and SIGKILL",
     "L": "jobs are bound to their CPUs; NUMA requests are not placed separately",
     "n": "each job is bound to its own CPUs; node exclusivity is not enforced",
@@ -89,7 +90,7 @@ def getopt(tokens: list[str]) -> tuple[list[tuple[str, str]], list[str], bool]:
         tok = tokens[i]
         if tok == "--":
             return opts, tokens[i + 1 :], True
-        if tok in ("--help", "--version"):
+        if tok in ("--help", "--version", "--about"):
             opts.append((tok, ""))
         elif tok.startswith("--"):
             raise InvalidArgument(f"unknown option {tok}")

@@ -108,9 +108,8 @@ def parse_args(argv: list[str], ctx: Context) -> QsubArgs:
         elif not key.startswith("--"):
             pbsopts.apply(opts, key, value, ctx)
     flags = {key for key, _ in pairs}
-    return QsubArgs(
-        opts, operands, command, "--help" in flags, "--version" in flags, prefix
-    )
+    version = "--version" in flags or "--about" in flags
+    return QsubArgs(opts, operands, command, "--help" in flags, version, prefix)
 
 
 def make_spec(
@@ -218,7 +217,7 @@ def run(argv: list[str], prog: str = "qsub") -> None:
             argv, environ=os.environ, workdir=workdir, stdin=sys.stdin, mail=can_mail()
         )
         if made is None:
-            if "--version" in argv:
+            if "--version" in argv or "--about" in argv:
                 from minibatch import __version__
 
                 print(f"qsub (minibatch) {__version__}")

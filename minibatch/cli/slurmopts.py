@@ -112,6 +112,17 @@ _RECORDED: dict[str, tuple[str, str, str]] = {
     "wait-all-nodes": ("", _VALUE, "nodes are ready when the job starts"),
     "wckey": ("", _VALUE, "no workload keys"),
     "x11": ("", _OPTIONAL, "batch jobs have no display"),
+    "oom-kill-step": ("", _OPTIONAL, "a job over its memory is ended whole"),
+    "mem-update": ("", _VALUE, "the memory limit stays as asked"),
+    "resources": ("", _VALUE, "no hierarchical resources"),
+    "runtime": ("", _VALUE, "no runtime plugins"),
+    "resv-ports": ("", _OPTIONAL, "no reserved MPI ports"),
+    "stepmgr": ("", _FLAG, "no step manager"),
+    "segment": ("", _VALUE, "one host: no topology segments"),
+    "consolidate-segments": ("", _FLAG, "one host: no topology segments"),
+    "spread-segments": ("", _FLAG, "one host: no topology segments"),
+    "checkpoint": ("", _VALUE, "checkpointing is not available"),
+    "checkpoint-dir": ("", _VALUE, "checkpointing is not available"),
 }
 # fmt: on
 _LONG = {name: (short, arity) for name, (short, arity) in _HONOURED.items()} | {
@@ -140,7 +151,10 @@ _MAIL_TYPES = {
 
 
 #: Other spellings sbatch accepts.
-_OPTIONS = LongOptions(_LONG, {"tasks-per-node": "ntasks-per-node", "name": "job-name"})
+_OPTIONS = LongOptions(
+    _LONG,
+    {"tasks-per-node": "ntasks-per-node", "name": "job-name", "workdir": "chdir"},
+)
 
 
 def getopt(tokens: list[str]) -> tuple[list[tuple[str, str]], list[str]]:

@@ -211,3 +211,12 @@ def test_torque_oddities():
     with pytest.raises(InvalidArgument, match="jobs run as their submitter"):
         directives("#PBS -u bob\n")
     assert directives("#PBS -q @server\n").queues is None
+
+
+def test_the_last_gaps_of_the_reference_option_sets():
+    opts = directives("#PBS -i 2\n#SBATCH --oom-kill-step --workdir=/tmp\n")
+    assert "-i" in opts.recorded and "--oom-kill-step" in opts.recorded
+    assert opts.workdir == "/tmp"
+    assert parse_slurm_begin("112526", NOW) == time.mktime(
+        (2026, 11, 25, 0, 0, 0, 0, 0, -1)
+    )
