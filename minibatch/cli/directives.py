@@ -79,8 +79,10 @@ class SubmitOptions(msgspec.Struct, kw_only=True):
     qos: str | None = None
     advres: str | None = None
     malleable: tuple[int, int] | None = None
-    #: Queues asked for, in order (Slurm's ``-p a,b`` names several).
+    #: Queues asked for, in order (Slurm's ``-p a,b`` names several), and the
+    #: directive that named them ("" for the command line).
     queues: list[str] | None = None
+    queue_source: str | None = None
     workdir: str | None = None
     shell: str | None = None
     script_args: list[str] | None = None
@@ -150,6 +152,8 @@ def merge(lower: SubmitOptions, higher: SubmitOptions) -> SubmitOptions:
             value = low + [n for n in high if n not in low]
         elif name == "slurm":
             value = low or high
+        elif name == "queue_source":  # whoever named the queue last
+            value = high if higher.queues is not None else low
         else:
             value = low if high is None else high
         setattr(out, name, value)
@@ -214,6 +218,7 @@ def parse_directives(
             kind = "pbs"
         else:
             continue
+        queues = opts.queues
         try:
             tokens = directive_tokens(stripped[len(word) :])
             if kind == "pbs":
@@ -225,6 +230,8 @@ def parse_directives(
             raise InvalidArgument(
                 f"{source} line {lineno}: {exc} (in {stripped!r})"
             ) from None
+        if opts.queues is not queues:  # the server's refusal will name the line
+            opts.queue_source = f"{source} line {lineno} ({stripped})"
     return opts
 
 

@@ -250,6 +250,7 @@ def build_spec(
         queue=queue,
         options=job_options(opts),
         walltime_given=opts.walltime is not None,
+        queue_source=opts.queue_source or "",
     )
 
 

@@ -206,6 +206,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     options: JobOptions = JobOptions()
     #: False: no walltime was asked for, so the queue's default applies.
     walltime_given: bool = True
+    #: The directive that named the queue (``job.sh line 3 (#PBS -q x)``), so
+    #: that a refusal names it; "" for the command line.
+    queue_source: str = ""
 
 
 class Allocation(msgspec.Struct, frozen=True):

@@ -45,18 +45,22 @@ class QueueTable:
         if asked and not known:
             names = ", ".join(self.by_name)
             if self.strict:
+                where = f"{spec.queue_source}: " if spec.queue_source else ""
                 raise InvalidArgument(
-                    f"unknown queue {spec.queue!r} (queues here: {names})"
+                    f"{where}unknown queue {spec.queue!r} (queues here: {names})"
                 )
             notes.append(
                 f"queue {spec.queue} does not exist here (queues: {names}); "
                 f"the job goes to {self.default}"
             )
         queue = self.by_name[known[0] if known else self.default]
+        where = f"{spec.queue_source}: " if spec.queue_source else ""
         if not queue.enabled:
-            raise InvalidArgument(f"queue {queue.name!r} is closed to new jobs")
+            raise InvalidArgument(f"{where}queue {queue.name!r} is closed to new jobs")
         if queue.users and user not in queue.users and user != "root":
-            raise PermissionDenied(f"{user} may not submit to queue {queue.name!r}")
+            raise PermissionDenied(
+                f"{where}{user} may not submit to queue {queue.name!r}"
+            )
         return queue
 
     @staticmethod

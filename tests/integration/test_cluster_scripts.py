@@ -217,6 +217,11 @@ def test_queues_gpus_and_features(cluster: ClusterFactory) -> None:
     assert c.wait_state(second, "completed")["node"] == "node0"
     proc = c.run("qsub", "-l", "nodes=1:slow", "--", "true")
     assert "node feature slow: no node has it" in proc.stderr
+    script = c.work / "closed.pbs"
+    script.write_text("#!/bin/sh\n#PBS -N x\n#PBS -q closed\ntrue\n")
+    proc = c.run("qsub", str(script), check=False)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert "closed.pbs line 3 (#PBS -q closed): queue 'closed' is closed" in proc.stderr
     for args, says in [
         (("-q", "closed"), "closed to new jobs"),
         (("-q", "short", "-l", "walltime=1:00:00"), "exceeds queue 'short'"),
