@@ -302,7 +302,8 @@ def job_record(job: Job) -> dict[str, Any]:
         "malleable": None if req.malleable is None else list(req.malleable),
         "gpus": req.gpus,
         "gpu_ids": [g for a in job.alloc for g in a.gpus],
-        "options": msgspec.to_builtins(job.options),
+        # Every option, set or not (the encoding leaves defaults out).
+        "options": msgspec.to_builtins(msgspec.structs.asdict(job.options)),
         "reruns": job.reruns,
         "time_limit": limit_of(job),
         # Finished jobs only: a record must not change between two queries.

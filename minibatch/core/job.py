@@ -119,12 +119,13 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
         return self.nodes * self.ppn
 
 
-class JobOptions(msgspec.Struct, frozen=True, kw_only=True):
+class JobOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """How to run a job beyond what it asks for (qsub/sbatch options).
 
     Kept apart from :class:`JobRequest`, which the policies and the simulator
     see: none of these change where or when a job fits, only how the node runs
-    it and what the server tells about it.
+    it and what the server tells about it. Defaults are left out of the
+    encoding: every job record carries its options, and most are unset.
     """
 
     #: ``-S``: run the script with this interpreter ("" = its ``#!`` line).

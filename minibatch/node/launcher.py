@@ -377,8 +377,11 @@ class Launcher:
     def _tmpdir(self, spec: LaunchSpec, ident: Identity) -> str:
         """The job's own ``$TMPDIR``, the user's alone, removed when it ends."""
         path = self.spool / f"{spec.job}.tmp"
-        shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(mode=0o700)
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:  # left by a run the daemon did not see end
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(mode=0o700)
         if ident.switch:
             os.chown(path, ident.uid, ident.gid)
         return str(path)

@@ -161,8 +161,8 @@ class _Names:
         suffix = str(jid) if index is None else f"{array}-{index}"
         keep = spec.options.keep
         if spec.options.slurm:
-            default = "slurm-%A_%a.out" if index is not None else "slurm-%j.out"
-            default = self.slurm(default, jid, array, index)
+            default = f"slurm-{array}_{index}.out" if index is not None else ""
+            default = default or f"slurm-{jid}.out"
         else:
             default = f"{spec.name}.{kind}{suffix}"
         if not given:
@@ -171,9 +171,12 @@ class _Names:
                 return os.path.join(_home(self.uid), default)
             return os.path.join(spec.workdir, default)
         # A #PBS -o line read by sbatch keeps its PBS names; Slurm's % names
-        # are only filled in for jobs submitted the Slurm way.
-        path = self.pbs(given, display, index)
-        if spec.options.slurm:
+        # are only filled in for jobs submitted the Slurm way. Most paths
+        # have neither (an array's 1,000 tasks: no pattern matching then).
+        path = given
+        if "^" in path or "$" in path:
+            path = self.pbs(path, display, index)
+        if spec.options.slurm and "%" in path:
             path = self.slurm(path, jid, array, index)
         if path.endswith("/"):
             path += default
