@@ -264,6 +264,9 @@ def choose_layout(
     Flags win over ``[[nodes]]`` in the config; with neither, the cluster is one
     node holding every CPU this process may use.
     """
+    for flag, value in (("--nodes", nodes), ("--cpus-per-node", cpus_per_node)):
+        if value is not None and value < 1:
+            raise InvalidArgument(f"{flag} must be at least 1, got {value}")
     share = oversubscribe or config.oversubscribe
     cpus = usable_cpus()
     if nodes is not None or cpus_per_node is not None:

@@ -399,3 +399,12 @@ def test_down_kills_what_ignores_sigterm(
     assert lifecycle.down(home) == ["node-stubborn", "scheduler", "server"]
     assert time.monotonic() - started < 8
     assert not any(alive(pid) for pid in report.pids.values())
+
+
+@pytest.mark.parametrize(
+    ("nodes", "per_node", "says"),
+    [(0, None, "--nodes must be at least 1, got 0"), (2, 0, "--cpus-per-node must be")],
+)
+def test_mb_up_refuses_zero_nodes_or_cpus(nodes, per_node, says):
+    with pytest.raises(InvalidArgument, match=says):
+        L.choose_layout(Config(), nodes, per_node, oversubscribe=False)
