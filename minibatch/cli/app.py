@@ -105,11 +105,13 @@ def up(
 ) -> None:
     """Start the broker, server, scheduler and nodes that are not already running."""
     from minibatch.cluster import lifecycle
-    from minibatch.cluster.layout import choose_layout
+    from minibatch.cluster.layout import layout_for_up
 
     with common.reporting("mb up"):
         paths, config = common.home()
-        layout = choose_layout(config, nodes, cpus_per_node, oversubscribe)
+        # A cluster with a daemon still running keeps the layout it started with.
+        running = lifecycle.load_layout(paths) if lifecycle.running(paths) else None
+        layout = layout_for_up(config, nodes, cpus_per_node, oversubscribe, running)
         report = lifecycle.up(paths, config, layout, wait=wait)
         for name in report.started:
             typer.echo(f"started {name} (pid {report.pids[name]})")

@@ -21,7 +21,7 @@ import msgspec
 import psutil
 
 from minibatch.config import Config
-from minibatch.core.units import format_size_kb, parse_size_kb
+from minibatch.core.units import format_cpu_list, format_size_kb, parse_size_kb
 from minibatch.errors import InvalidArgument
 
 #: Node names end up in file names (pid files, logs) and on command lines.
@@ -251,6 +251,32 @@ def usable_cpus() -> list[int]:
 def physical_mem_kb() -> int:
     """Total physical memory in KiB."""
     return int(psutil.virtual_memory().total // 1024)
+
+
+def layout_for_up(
+    config: Config,
+    nodes: int | None,
+    cpus_per_node: int | None,
+    oversubscribe: bool,
+    running: list[NodeLayout] | None,
+) -> list[NodeLayout]:
+    """The layout ``mb up`` starts: a running cluster's own (``running``, the
+    layout it was started with) so that only what is missing starts again, with
+    the CPUs it had; else :func:`choose_layout`.
+
+    Raises:
+        InvalidArgument: flags asking for another layout than the running one.
+    """
+    flags = nodes is not None or cpus_per_node is not None or oversubscribe
+    if running is None:
+        return choose_layout(config, nodes, cpus_per_node, oversubscribe)
+    if flags and choose_layout(config, nodes, cpus_per_node, oversubscribe) != running:
+        shape = ", ".join(f"{n.name}: CPUs {format_cpu_list(n.cpus)}" for n in running)
+        raise InvalidArgument(
+            f"the cluster is running with another layout ({shape}); "
+            "run mb up without flags to start what is missing, or mb down first"
+        )
+    return running
 
 
 def choose_layout(

@@ -348,3 +348,25 @@ def test_upcoming_jobs_start_while_the_scheduler_is_frozen(
     starts = [r["start_time"] for r in records]
     assert starts == sorted(starts)
     assert starts[0] >= c.job(first)["end_time"]
+
+
+@pytest.mark.timeout(60)
+def test_mb_up_on_a_running_cluster_starts_only_what_is_missing(
+    cluster: ClusterFactory,
+) -> None:
+    c = cluster(nodes=2)
+    layout = {n.name: n.cpus for n in c.layout}
+    dead = c.pids()["node-node1"]
+    kill9(dead)
+    proc = c.run("mb", "up")
+    assert "started node-node1" in proc.stdout, proc.stdout
+    for name, cpus in layout.items():
+        assert f"  {name}: CPUs {cpus}" in proc.stdout, proc.stdout
+    assert c.pids()["node-node1"] != dead
+    assert c.nodes()["node1"].cpus == layout["node1"]
+    # Flags that contradict the running layout change nothing.
+    before = c.pids()
+    refused = c.run("mb", "up", "--nodes", "1", check=False)
+    assert refused.returncode == 2
+    assert "running with another layout" in refused.stderr
+    assert c.pids() == before

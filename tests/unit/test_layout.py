@@ -408,3 +408,12 @@ def test_down_kills_what_ignores_sigterm(
 def test_mb_up_refuses_zero_nodes_or_cpus(nodes, per_node, says):
     with pytest.raises(InvalidArgument, match=says):
         L.choose_layout(Config(), nodes, per_node, oversubscribe=False)
+
+
+def test_a_running_cluster_keeps_its_layout() -> None:
+    running = [NodeLayout(name="node0", cpus=[0]), NodeLayout(name="node1", cpus=[1])]
+    assert L.layout_for_up(Config(), None, None, False, running) == running
+    with pytest.raises(InvalidArgument, match="running with another layout"):
+        L.layout_for_up(Config(), 1, None, False, running)
+    fresh = L.layout_for_up(Config(), 1, 1, False, None)
+    assert [n.name for n in fresh] == ["node0"]
