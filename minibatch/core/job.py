@@ -50,6 +50,7 @@ TRANSITIONS: Final[dict[tuple[JobState, JobState], str]] = {
     (JobState.EXITING, JobState.FINISHED): "end",
     # qrerun: the killed run's end puts the job back in the queue, same id.
     (JobState.EXITING, JobState.QUEUED): "requeue",
+    (JobState.RUNNING, JobState.QUEUED): "requeue",
     (JobState.QUEUED, JobState.FINISHED): "cancel",
     (JobState.HELD, JobState.FINISHED): "cancel",
     (JobState.WAITING, JobState.FINISHED): "cancel",

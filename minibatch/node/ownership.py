@@ -208,13 +208,16 @@ def ended_report(run: Run, end_time: float | None = None) -> JobEnded:
         maxrss_kb=run.maxrss_kb,
         comment="; ".join(comments),
         reruns=run.spec.reruns,
+        # Killed by its node stopping (mb down): it may run again.
+        requeue=run.kill_reason is JobResult.NODE_FAIL,
     )
 
 
 def failed_report(
-    job: int, result: JobResult, comment: str, reruns: int = 0
+    job: int, result: JobResult, comment: str, reruns: int = 0, requeue: bool = False
 ) -> JobEnded:
-    """The JobEnded for a job that never ran here (``reruns``: which run)."""
+    """The JobEnded for a job that never ran here (``reruns``: which run;
+    ``requeue``: refused by a stopping node, it may run elsewhere)."""
     return JobEnded(
         job=job,
         result=result,
@@ -225,6 +228,7 @@ def failed_report(
         maxrss_kb=0,
         comment=comment,
         reruns=reruns,
+        requeue=requeue,
     )
 
 

@@ -145,6 +145,10 @@ class NodeDaemon:
             loop.create_task(self._sender()),
         ]
         await stop.wait()
+        # Before any job ends: the server must start nothing more here.
+        self.tracker.stopping = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._beat(), _FLUSH_S)
         log.info("stopping: killing %d job(s)", len(self.tracker.running()))
         await self.tracker.stop_all(JobResult.NODE_FAIL, "node daemon stopped")
         with contextlib.suppress(TimeoutError):
@@ -226,6 +230,7 @@ class NodeDaemon:
                     name=self.name,
                     running=self.tracker.running(),
                     usage=self.tracker.usage(),
+                    stopping=self.tracker.stopping,
                 )
             ):
                 return

@@ -161,7 +161,11 @@ class Tracker:
             return
         if self.stopping:
             self._fail(
-                spec.job, JobResult.NODE_FAIL, "node daemon stopping", spec.reruns
+                spec.job,
+                JobResult.NODE_FAIL,
+                "node daemon stopping",
+                spec.reruns,
+                requeue=True,
             )
             return
         try:
@@ -419,9 +423,16 @@ class Tracker:
         )
         self._emit(report)
 
-    def _fail(self, job: int, result: JobResult, comment: str, reruns: int = 0) -> None:
+    def _fail(
+        self,
+        job: int,
+        result: JobResult,
+        comment: str,
+        reruns: int = 0,
+        requeue: bool = False,
+    ) -> None:
         self._remember(job, reruns)
-        self._emit(failed_report(job, result, comment, reruns))
+        self._emit(failed_report(job, result, comment, reruns, requeue))
 
     def _remember(self, job: int, reruns: int = 0) -> None:
         self._finished.pop(job, None)  # the newest stays last, to be kept longest

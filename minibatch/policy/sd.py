@@ -164,13 +164,21 @@ class SlowdownDriven:
             self._grow(general, by_node)
             self._grow_fresh(general, fresh, ppns, now)
         # A mate that lent has its guest's resize; any other that changed
-        # (its surplus taken back, or grown) gets one of its own.
-        resizes += [
-            Resize(m.view.id, m.held)
+        # (its surplus taken back, or grown) gets one of its own. Resizes are
+        # applied in order before the starts (guests' with their guest), so
+        # every shrink comes first: a start or a growth may use what it frees.
+        # A mate that lent after giving its surplus back shrinks to its
+        # request first, on its own, for the starts that took the surplus.
+        own = [
+            Resize(m.view.id, m.ppn if m.lent else m.held)
             for mates in by_node.values()
             for m in mates
-            if not m.lent and m.held != m.snapshot_held
+            if (m.ppn if m.lent else m.held) != m.snapshot_held
+            and (not m.lent or m.snapshot_held > m.ppn)
         ]
+        before = {m.view.id: m.snapshot_held for ms in by_node.values() for m in ms}
+        own.sort(key=lambda r: r.cpus > before[r.job])
+        resizes = own + resizes
         plan = p.plan(order=snap.pending, by_submission=True)
         starts = [
             Start(s.job, s.nodes, ppns[s.job]) if s.job in ppns else s

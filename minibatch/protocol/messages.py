@@ -376,6 +376,8 @@ class Heartbeat(_Msg, frozen=True, kw_only=True, tag="heartbeat"):
     running: list[int]
     #: The running jobs' usage (live ``resources_used`` in ``qstat``).
     usage: list[JobUsage] = []
+    #: The daemon is stopping: start nothing more here.
+    stopping: bool = False
 
 
 class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -477,6 +479,9 @@ class JobEnded(_Msg, frozen=True, kw_only=True, tag="job_ended"):
     #: The run it reports (``LaunchSpec.reruns``): a late report of a run
     #: ``qrerun`` ended must not end the next one.
     reruns: int = 0
+    #: Ended by its node stopping, not by itself: the server queues it again
+    #: (when it never started, or is rerunnable).
+    requeue: bool = False
 
 
 Message = (

@@ -35,7 +35,7 @@ from minibatch.protocol.messages import (
     Submit,
     Submitted,
 )
-from minibatch.server import admin, jobops, liveness, malleable
+from minibatch.server import admin, jobops, liveness, malleable, requeue
 from minibatch.server.access import Context, Handler, need_caller, need_daemon
 from minibatch.server.state import ServerState
 from minibatch.server.submit import Caller
@@ -357,6 +357,9 @@ def job_ended(
         # A late report of a run qrerun already ended must not end the next.
         and msg.reruns >= job.reruns
     ):
+        if msg.requeue:
+            requeue.stopped_node(state, job, msg)
+            return Ok()
         state.job_ended(
             job,
             msg.result,

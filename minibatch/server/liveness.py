@@ -42,6 +42,7 @@ def hello(state: ServerState, msg: NodeHello, route: bytes) -> None:
     node.pid, node.up, node.last_heartbeat = msg.pid, True, now
     node.route = route
     node.misses = {}
+    node.stopping = False
     state.store.put_node(node)
     reported = set(msg.running)
     for jid in sorted(_jobs_on(state, node)):
@@ -64,6 +65,10 @@ def heartbeat(state: ServerState, msg: Heartbeat, route: bytes) -> None:
         raise NotFound(f"node {msg.name} is not registered")
     node.last_heartbeat = state.clock()
     node.route = route  # the daemon reconnected: a new connection, a new id
+    if msg.stopping and not node.stopping:
+        node.stopping = True  # start nothing more here (mb down)
+        state.publish_node(node)
+        state.changed()
     for use in msg.usage:
         # Live resources_used for qstat; stored with the job's next change or
         # end, not at every heartbeat.

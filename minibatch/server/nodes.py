@@ -55,10 +55,12 @@ class Node(msgspec.Struct, kw_only=True):
     #: authenticated hello or heartbeat. Ids are never chosen by clients, so no
     #: one can claim a node's connection by naming it.
     route: bytes = b""
+    #: Its daemon said it is stopping (``mb down``): nothing more starts here.
+    stopping: bool = False
 
     @property
     def state(self) -> NodeState:
-        if not self.up:
+        if not self.up or self.stopping:
             return NodeState.DOWN
         if self.offline:
             return NodeState.OFFLINE
@@ -66,7 +68,7 @@ class Node(msgspec.Struct, kw_only=True):
 
     @property
     def usable(self) -> bool:
-        return self.up and not self.offline
+        return self.up and not self.offline and not self.stopping
 
     def free_cpus(self) -> list[int]:
         return [c for c in self.cpus if c not in self.used]

@@ -1,11 +1,17 @@
-"""``qrerun``: kill a running job and queue it again under the same id.
+"""Queueing a job again under the same id: ``qrerun``, and a node that stops.
 
+``qrerun`` kills a running job and queues it again.
 Two steps, because killing takes the node its grace period: :func:`request`
 marks the job (``rerun_pending``, stored, so a server restart in between still
 requeues it), moves it to exiting and sends the node a ``Kill``; when the
 node's end report comes, :func:`back_to_queue` (called by
 ``ServerState.job_ended`` instead of finishing the job) frees what the run held
 and puts the job back in the queue, ``reruns`` counting the runs it lost.
+
+A node daemon that stops (``mb down``) first says so in a heartbeat (the
+server then starts nothing more there), then ends its jobs with ``requeue``
+set in their end reports: :func:`stopped_node` queues them again, unless one
+that had started may not be rerun (``qsub -r n``).
 
 The killed run leaves no accounting record (the job has not ended); its end is
 in the job's event log (``tracejob``). It is not charged to fairshare either,
@@ -18,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from minibatch.core.job import Job, JobResult, JobState
 from minibatch.errors import InvalidArgument
-from minibatch.protocol.messages import Kill
+from minibatch.protocol.messages import JobEnded, Kill
 from minibatch.server import malleable
 
 if TYPE_CHECKING:
@@ -84,3 +90,22 @@ def back_to_queue(
     state.store.put_job(job)
     state.record(job, "requeued", ended)
     state.changed()
+
+
+def stopped_node(state: ServerState, job: Job, ended: JobEnded) -> None:
+    """The job's node stopped (``mb down``) under it or refused to start it: it
+    goes back to the queue when it never started or may be rerun (PBS's ``-r
+    y``, the default); a ``-r n`` job that ran ends cancelled, saying why."""
+    if job.session_id is None or job.options.rerunnable:
+        back_to_queue(state, job, ended.result, ended.exit_status, ended.comment)
+        return
+    state.job_ended(
+        job,
+        JobResult.CANCELLED,
+        exit_status=ended.exit_status,
+        signal=ended.signal,
+        end_time=ended.end_time,
+        cputime_s=ended.cputime_s,
+        maxrss_kb=ended.maxrss_kb,
+        comment="its node stopped, and it is not rerunnable (qsub -r n)",
+    )

@@ -96,6 +96,7 @@ class ServerState:
             # Runtime fields start afresh: allocations are rebuilt from the jobs,
             # and the node counts as down until its daemon says hello again.
             node.up, node.used, node.mem_used, node.misses = False, {}, {}, {}
+            node.stopping = False
             node.route = b""
             node.last_heartbeat = now
         self.nodes = NodeRegistry(nodes, config.gpus, config.features)

@@ -154,8 +154,10 @@ def test_mb_up_status_down_and_up_again(cluster: ClusterFactory) -> None:
     assert again["up"] is True
     assert {d["name"] for d in again["daemons"]} == set(pids)
     assert not set(c.pids().values()) & set(pids.values())
+    # mb down killed it with its node, and it is rerunnable (PBS's default):
+    # back in the queue, not lost.
     record = c.job(running)
-    assert record["state"] == "finished" and record["result"] == "node_fail"
+    assert record["state"] in ("queued", "running") and record["reruns"] == 1
     jid = c.qsub("--", "true")
     assert int(jid) > int(running)
     assert c.wait_state(jid, "finished")["result"] == "completed"

@@ -370,3 +370,26 @@ def test_mb_up_on_a_running_cluster_starts_only_what_is_missing(
     assert refused.returncode == 2
     assert "running with another layout" in refused.stderr
     assert c.pids() == before
+
+
+@pytest.mark.timeout(90)
+def test_mb_down_keeps_the_queue_and_requeues_rerunnable_jobs(
+    cluster: ClusterFactory,
+) -> None:
+    c = cluster(nodes=2)
+    rerun = c.qsub("--", "sleep", "60")
+    once = c.qsub("-r", "n", "--", "sleep", "60")
+    for job in (rerun, once):
+        c.wait_state(job, "running")
+    queued = [c.qsub("--", "true") for _ in range(3)]
+    c.down()
+    # Nothing acknowledged is lost, and nothing was started on a stopping node.
+    c.up()
+    assert c.job(once)["result"] == "cancelled"
+    assert "not rerunnable" in c.job(once)["comment"]
+    record = c.wait_state(rerun, "running", timeout=30)
+    assert record["reruns"] == 1
+    for job in queued:
+        assert c.wait_state(job, "finished", timeout=30)["result"] == "completed"
+    events = c.run("tracejob", rerun).stdout
+    assert "requeued" in events
