@@ -27,7 +27,7 @@ _CLOCK = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?\s*([AaPp][Mm])?$")
 _ISO = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:T(\d{1,2}):(\d{2})(?::(\d{2}))?)?$")
 _SLASH = re.compile(r"^(\d{1,2})[/.](\d{1,2})(?:[/.](\d{2}))?$")
 _MMDDYY = re.compile(r"^(\d{2})(\d{2})(\d{2})?$")
-_RELATIVE = re.compile(r"^now(?:\+(\d+)(seconds?|minutes?|hours?|days?|weeks?)?)?$")
+_RELATIVE = re.compile(r"^now(?:([+-])(\d+)(seconds?|minutes?|hours?|days?|weeks?)?)?$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 #: Slurm's named times of day (sbatch --begin).
 _NAMED = {"midnight": 0, "noon": 12, "fika": 15, "teatime": 16}
@@ -169,16 +169,25 @@ def parse_pbs_date(text: str, now: float) -> float:
     return _at(now, year, month, day, hh, mm, sec)
 
 
+def relative_time(text: str, now: float) -> float | None:
+    """Slurm's ``now``, ``now+N[units]``, ``now-N[units]`` (seconds by
+    default), or None for any other form."""
+    m = _RELATIVE.match(text.strip().lower())
+    if m is None:
+        return None
+    sign = -1 if m.group(1) == "-" else 1
+    return now + sign * int(m.group(2) or 0) * _UNIT[(m.group(3) or "s")[0]]
+
+
 def parse_slurm_begin(text: str, now: float) -> float:
     """sbatch ``--begin``: ``HH:MM[:SS] [AM|PM]``, ``YYYY-MM-DD[THH:MM[:SS]]``,
     ``MM/DD[/YY]``, ``MMDD[YY]``, ``now[+N[units]]``, midnight, noon, fika,
     teatime, today, tomorrow -> epoch seconds (local time)."""
     value = text.strip().lower()
     t = time.localtime(now)
-    if m := _RELATIVE.match(value):
-        count = int(m.group(1) or 0)
-        unit = _UNIT[(m.group(2) or "s")[0]]
-        return now + count * unit
+    relative = relative_time(value, now)
+    if relative is not None:
+        return relative
     if value in _NAMED:
         return _next_clock(now, _NAMED[value], 0, 0)
     if value in ("today", "tomorrow"):

@@ -23,6 +23,7 @@ from minibatch.cli.directives import Context, SubmitOptions
 from minibatch.cli.submission import (
     build_spec,
     can_mail,
+    current_dir,
     login_name,
     read_script,
     submit,
@@ -209,10 +210,7 @@ def make_spec(
 def run(argv: list[str], prog: str = "qsub") -> None:
     """Submit per ``argv`` and print the job id; exits non-zero on any error."""
     with common.reporting(prog):
-        try:
-            workdir = os.getcwd()
-        except FileNotFoundError:
-            raise InvalidArgument("the current directory no longer exists") from None
+        workdir = current_dir()
         made = make_spec(
             argv, environ=os.environ, workdir=workdir, stdin=sys.stdin, mail=can_mail()
         )

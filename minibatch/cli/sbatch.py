@@ -21,6 +21,7 @@ from minibatch.cli.directives import Context, SubmitOptions
 from minibatch.cli.submission import (
     build_spec,
     can_mail,
+    current_dir,
     login_name,
     read_script,
     submit,
@@ -114,10 +115,7 @@ def make_spec(
 
 def run(argv: list[str], prog: str = "sbatch") -> None:
     with common.reporting(prog):
-        try:
-            workdir = os.getcwd()
-        except FileNotFoundError:
-            raise InvalidArgument("the current directory no longer exists") from None
+        workdir = current_dir()
         made = make_spec(argv, environ=os.environ, workdir=workdir, mail=can_mail())
         if made is None:
             if any(a in ("-V", "--version") for a in argv):

@@ -25,6 +25,7 @@ from typing import Annotated
 import typer
 
 from minibatch.cli import acct, common, render, slurmfmt
+from minibatch.cli.optvalues import relative_time
 from minibatch.cli.slurmcmds import (
     HELP_SETTINGS,
     current_user,
@@ -52,8 +53,6 @@ SACCT_LONG = (
     "NNodes,NodeList,State,ExitCode,Submit,Start,End,Elapsed,Timelimit,TotalCPU,"
     "CPUTime,MaxRSS,ReqMem"
 )
-_NOW = re.compile(r"^now(?:([+-])(\d+)(?:(second|minute|hour|day|week)s?)?)?$")
-_UNIT = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 _CLOCK = re.compile(r"^\d{1,2}:\d{2}(:\d{2})?$")
 
 
@@ -61,10 +60,9 @@ def parse_time(text: str, now: float) -> float:
     """sacct's times: ``now[-N[unit]]``, ``HH:MM[:SS]`` (today), and what
     ``mb acct -S`` takes (``YYYY-MM-DD[THH:MM[:SS]]``, ``1h``, ``2d``)."""
     value = text.strip().lower()
-    m = _NOW.match(value)
-    if m is not None:
-        sign = -1 if m.group(1) == "-" else 1
-        return now + sign * int(m.group(2) or 0) * _UNIT[m.group(3) or "second"]
+    relative = relative_time(value, now)
+    if relative is not None:
+        return relative
     if _CLOCK.match(value):
         today = datetime.fromtimestamp(now).strftime("%Y-%m-%d")
         return acct.parse_since(f"{today}T{value}", now)

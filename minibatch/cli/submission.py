@@ -254,6 +254,14 @@ def build_spec(
     )
 
 
+def current_dir() -> str:
+    """Where the command runs: the job's default working directory."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise InvalidArgument("the current directory no longer exists") from None
+
+
 def login_name() -> str:
     import pwd
 
