@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 MB_HOME ?= $(CURDIR)/.demo-home
 export MB_HOME
 
-.PHONY: demo test lint typecheck unit integration bench clean
+.PHONY: demo test lint typecheck unit integration bench clean system-packages
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -34,7 +34,19 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
-test: lint typecheck
+# Debian packages the tests start rather than skip: mosquitto (the MQTT tests run
+# against both brokers) and systemd-analyze (the units are verified).
+system-packages:
+	@missing=""; \
+	command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -yq $$missing; \
+	fi
+
+test: system-packages lint typecheck
 	$(BIN)/pytest -q
 
 bench: $(VENV)/.installed

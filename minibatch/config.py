@@ -2,16 +2,18 @@
 
 Everything lives under one home directory, ``$MB_HOME`` (default ``~/.minibatch``):
 ``minibatch.toml`` (the config), ``run/`` (sockets, pid files, the broker URL),
-``state/`` (the SQLite database) and ``log/`` (one log per daemon). Clusters in
-different homes share nothing, not even a TCP port.
+``state/`` (the SQLite database), ``spool/`` (job scripts while jobs run) and
+``log/`` (one log per daemon). Clusters in different homes share nothing, not
+even a TCP port.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -46,12 +48,34 @@ class Paths:
         return self.home / "log"
 
     @property
+    def spool(self) -> Path:
+        return self.home / "spool"
+
+    @property
     def database(self) -> Path:
         return self.state / "minibatch.db"
 
     @property
+    def keys(self) -> Path:
+        """This host's CURVE keys as a client of a server on another host (a
+        user's commands, a node daemon): its keypair and the server's public
+        key (``mb keys init --client``, ``mb keys trust``)."""
+        return self.home / "keys"
+
+    @property
+    def server_keys(self) -> Path:
+        """The server's CURVE keypair and the client keys it accepts over tcp
+        (``mb keys init``, ``mb keys add-user``); in ``state/``, the owner's."""
+        return self.state / "keys"
+
+    @property
     def mqtt_url_file(self) -> Path:
         return self.run / "mqtt.url"
+
+    @property
+    def mqtt_credentials(self) -> Path:
+        """``user:password`` the server publishes with (mode 0600)."""
+        return self.run / "mqtt.credentials"
 
     def pidfile(self, daemon: str) -> Path:
         return self.run / f"{daemon}.pid"
@@ -60,8 +84,31 @@ class Paths:
         return self.log / f"{daemon}.log"
 
     def make(self) -> None:
-        for d in (self.home, self.run, self.state, self.log):
+        """Create the directories, and give them (an existing cluster's too)
+        the modes that keep the state private and the rest usable by all.
+
+        ``run/`` must be reachable by every local user (the socket: identity
+        comes from peer credentials), and ``spool/`` traversable, not listable:
+        a job's script and ``$TMPDIR`` there are its user's alone (0700), but
+        its user must reach them. ``state/`` (the database: every job's
+        environment and script) is the owner's alone, and so are the database
+        files, created here so SQLite gives its WAL files the same mode.
+        """
+        modes = {self.run: 0o755, self.state: 0o700, self.spool: 0o711}
+        for d in (self.home, self.run, self.state, self.spool, self.log):
             d.mkdir(parents=True, exist_ok=True)
+        if self.home.stat().st_uid != os.geteuid():
+            return  # not ours to change (a user's command on another's home)
+        # The home must be traversable for run/ and spool/; its other bits
+        # are whoever made it's choice.
+        self.home.chmod(self.home.stat().st_mode & 0o7777 | 0o111)
+        for d, mode in modes.items():
+            d.chmod(mode)
+        fd = os.open(self.database, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(f"{self.database}{suffix}").chmod(0o600)
 
 
 class NodeConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,6 +121,10 @@ class ServerConfig(
     msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 ):
     endpoint: str = ""
+    #: tcp endpoints (``tcp://0.0.0.0:5555``) the server also listens on, for
+    #: commands and node daemons on other hosts: always CURVE, and only keys
+    #: registered with ``mb keys add-user``/``add-node`` get in.
+    listen: list[str] = []
     #: A node that sends no heartbeat for this long is marked down.
     node_timeout: float = 10.0
     #: Users, besides root and the cluster's owner, who may run operator commands.
@@ -82,6 +133,25 @@ class ServerConfig(
     sqlite_synchronous: str = "normal"
     #: The sendmail job mail goes through ("" = /usr/sbin/sendmail if present).
     sendmail: str = ""
+    #: libzmq drops a larger message and the connection that sent it, before
+    #: reading it whole: room for the largest script and environment below.
+    max_message_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 << 20
+    #: The largest job script, and environment (names, values and ``=``), a
+    #: submission may carry; every array task keeps a copy of both.
+    max_script_bytes: Annotated[int, msgspec.Meta(ge=1)] = 1 << 20
+    max_env_bytes: Annotated[int, msgspec.Meta(ge=1)] = 1 << 20
+    #: Connections one user may hold open to the server at once (root and the
+    #: cluster's owner: no limit but the open file limit).
+    max_connections_per_user: Annotated[int, msgspec.Meta(ge=1)] = 256
+
+
+class ClientConfig(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
+):
+    #: The server this host's commands and node daemons reach: "" = this
+    #: MB_HOME's own (its ipc socket), or another host's ``tcp://host:5555``.
+    #: ``$MB_SERVER`` overrides it.
+    server: str = ""
 
 
 class SchedulerConfig(
@@ -89,6 +159,10 @@ class SchedulerConfig(
 ):
     policy: str = "easy"
     params: dict[str, Any] = {}
+    #: Policy names -> ``module:callable``, for policies not installed as entry
+    #: points. Only this file names code the daemons import: ``mb policy set``
+    #: picks among names (see :mod:`minibatch.policy.registry`).
+    policy_modules: dict[str, str] = {}
     #: Seconds between periodic passes (the safety net behind event-driven passes).
     interval: float = 10.0
     #: Passes start at least this far apart; events in between fold into one pass.
@@ -110,6 +184,11 @@ class NodeDaemonConfig(
     #: Sent to a malleable job's processes that catch it once its CPUs changed
     #: (``USR1``, ``USR2``, ... or ``none``).
     resize_signal: str = "USR1"
+    #: Put each job in cgroups of its own (hard CPU, memory and task limits)
+    #: where the daemon may create them; false: affinity and sampling only.
+    cgroups: bool = True
+    #: Tasks (processes and threads) one job may have at once; 0: no limit.
+    pids_max: int = 4096
 
 
 class QosConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -199,8 +278,11 @@ class FairshareConfig(
 
 
 class MqttConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    #: Empty: ``mb up`` starts the embedded broker on a free loopback port.
+    #: Empty: ``mb up`` starts a broker on a free loopback port.
     url: str = ""
+    #: The broker ``mb up`` starts: the embedded amqtt, or Debian's mosquitto.
+    #: Either way only the server may publish (``run/mqtt.credentials``).
+    broker: Literal["amqtt", "mosquitto"] = "amqtt"
     topic_prefix: str = "minibatch/v1"
 
 
@@ -208,6 +290,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     cluster_name: str = "minibatch"
     oversubscribe: bool = False
     server: ServerConfig = ServerConfig()
+    client: ClientConfig = ClientConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     node: NodeDaemonConfig = NodeDaemonConfig()
     mqtt: MqttConfig = MqttConfig()
@@ -243,6 +326,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
                     f"qos {q.name!r}: max_jobs_per_user must be at least 1"
                 )
         self._check_queues()
+        self._check_policy()
+        self._check_endpoints()
         if any(n < 0 for n in self.gpus.values()):
             raise InvalidArgument("[gpus]: counts must not be negative")
         if self.default_qos and self.default_qos not in names:
@@ -259,6 +344,34 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             signal_named(self.node.resize_signal)
         except ValueError as exc:
             raise InvalidArgument(f"[node] resize_signal: {exc}") from None
+
+    def _check_policy(self) -> None:
+        for name, target in self.scheduler.policy_modules.items():
+            if not name or ":" in name or target.count(":") != 1:
+                raise InvalidArgument(
+                    f"[scheduler.policy_modules] {name} = {target!r}: expected "
+                    'NAME = "module:callable"'
+                )
+
+    def _check_endpoints(self) -> None:
+        # Plain tcp would carry no identity and no encryption: tcp is only
+        # ever CURVE, configured apart from the ipc endpoint.
+        if self.server.endpoint and not self.server.endpoint.startswith("ipc://"):
+            raise InvalidArgument(
+                f"[server] endpoint {self.server.endpoint!r} must be ipc://...: "
+                "tcp endpoints go in [server] listen (always with CURVE keys)"
+            )
+        for endpoint in self.server.listen:
+            if not endpoint.startswith("tcp://"):
+                raise InvalidArgument(
+                    f"[server] listen: {endpoint!r} is not a tcp:// endpoint"
+                )
+        if self.client.server and not self.client.server.startswith(
+            ("tcp://", "ipc://")
+        ):
+            raise InvalidArgument(
+                f"[client] server {self.client.server!r}: expected tcp://HOST:PORT"
+            )
 
     def _check_queues(self) -> None:
         names = [q.name for q in self.queue]
@@ -278,7 +391,17 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             )
 
     def server_endpoint(self, paths: Paths) -> str:
+        """The ipc socket the server binds, which the daemons beside it use."""
         return self.server.endpoint or f"ipc://{paths.run / 'server.sock'}"
+
+    def client_endpoint(self, paths: Paths) -> str:
+        """Where this host's commands reach the server: ``$MB_SERVER``, else
+        ``[client] server`` (another host's ``tcp://``), else the local socket."""
+        return (
+            os.environ.get("MB_SERVER")
+            or self.client.server
+            or self.server_endpoint(paths)
+        )
 
     def node_named(self, name: str) -> NodeConfig:
         for node in self.nodes:
@@ -294,7 +417,15 @@ def load(paths: Paths) -> Config:
     try:
         config = msgspec.toml.decode(paths.config.read_bytes(), type=Config)
         config.check()
-    except (msgspec.DecodeError, msgspec.ValidationError, InvalidArgument) as exc:
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"{paths.config}: not UTF-8 text: {exc}") from exc
+    # ValueError: int() of a number of 4,301 digits or more, in TOML or a time.
+    except (
+        msgspec.DecodeError,
+        msgspec.ValidationError,
+        InvalidArgument,
+        ValueError,
+    ) as exc:
         raise InvalidArgument(f"{paths.config}: {exc}") from exc
     return config
 

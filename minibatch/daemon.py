@@ -1,4 +1,5 @@
-"""What every daemon does the same way: logging, a single-instance lock, signals."""
+"""What every daemon does the same way: logging, a single-instance lock, signals,
+and telling systemd (``Type=notify``) when it is ready and when it stops."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -45,10 +47,42 @@ def single_instance(lock: Path, what: str) -> IO[str]:
     return handle
 
 
+def _notify(state: str) -> None:
+    """Send ``state`` to systemd's notification socket (``sd_notify(3)``).
+
+    A no-op outside systemd (no ``$NOTIFY_SOCKET``). A name starting with ``@``
+    is in the abstract namespace. A failure is logged, never raised: the unit's
+    start timeout is what reports a daemon that never said it was ready.
+    """
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(state.encode())
+    except OSError as exc:
+        logging.getLogger(__name__).warning("cannot notify systemd: %s", exc)
+
+
+def notify_ready() -> None:
+    """Tell systemd the daemon serves (``READY=1``); call it once it really does:
+    the server bound and its state loaded, a scheduler or node registered."""
+    _notify("READY=1")
+
+
 def stop_on_signals(stop: asyncio.Event) -> None:
+    """SIGTERM and SIGINT set ``stop`` (and tell systemd ``STOPPING=1``)."""
+
+    def stopping() -> None:
+        _notify("STOPPING=1")
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping)
     loop.add_signal_handler(signal.SIGHUP, lambda: None)
 
 

@@ -20,6 +20,7 @@ class ErrorCode(IntEnum):
     PERMISSION = 7
     INVALID_ARGUMENT = 8
     UNAVAILABLE = 9
+    STORAGE = 10
     INTERNAL = 99
 
 
@@ -57,6 +58,20 @@ class Unavailable(MinibatchError):
     """A daemon could not be reached or did not answer in time."""
 
     code = ErrorCode.UNAVAILABLE
+
+
+class StorageError(MinibatchError):
+    """The server could not save a change (disk full, read-only, I/O error).
+
+    Nothing of the request was kept, so sending it again later is safe.
+    """
+
+    code = ErrorCode.STORAGE
+
+    def __init__(self, message: str, cause: str = "") -> None:
+        super().__init__(message)
+        #: The kind of failure in words (``No space left on device``).
+        self.cause = cause or message
 
 
 class RemoteError(MinibatchError):

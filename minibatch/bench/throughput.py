@@ -52,9 +52,10 @@ from minibatch.protocol.messages import (
 )
 
 
-def _spec(workdir: str, hold: bool = False) -> JobSpec:
+def trivial_spec(workdir: str, hold: bool = False, name: str = "bench") -> JobSpec:
+    """What ``qsub [-h] -- /bin/true`` sends."""
     return JobSpec(
-        name="bench",
+        name=name,
         workdir=workdir,
         request=JobRequest(ppn=1, walltime=60),
         argv=["/bin/true"],
@@ -77,7 +78,7 @@ def _cancel(client: Client, ids: list[int]) -> None:
 
 
 def submit_rate(client: Client, workdir: str, count: int) -> float:
-    spec = _spec(workdir, hold=True)
+    spec = trivial_spec(workdir, hold=True)
     ids: list[int] = []
     t0 = time.perf_counter()
     for _ in range(count):
@@ -101,7 +102,7 @@ def _wait_finished(client: Client, ids: list[int], timeout: float) -> list[Any]:
 
 
 def end_to_end_rate(client: Client, workdir: str, count: int) -> float:
-    spec = _spec(workdir)
+    spec = trivial_spec(workdir)
     ids = set()
     for _ in range(count):
         ids.update(client.call(Submit(spec=spec)).ids)
@@ -120,7 +121,7 @@ def end_to_end_rate(client: Client, workdir: str, count: int) -> float:
 
 
 def start_latencies(client: Client, workdir: str, count: int) -> list[float]:
-    spec = _spec(workdir)
+    spec = trivial_spec(workdir)
     out = []
     for _ in range(count):
         (jid,) = client.call(Submit(spec=spec)).ids
@@ -168,14 +169,16 @@ def command_wall_ms(args: list[str], env: dict[str, str], runs: int) -> float:
 
 @contextlib.contextmanager
 def fresh_cluster(
-    layout: list[layouts.NodeLayout],
+    layout: list[layouts.NodeLayout], config_text: str = ""
 ) -> Iterator[tuple[Paths, lifecycle.UpReport]]:
-    """A new cluster of ``layout`` in a temporary ``MB_HOME``, stopped and
-    removed on leaving.
+    """A new cluster of ``layout`` in a temporary ``MB_HOME`` (with
+    ``config_text`` as its minibatch.toml), stopped and removed on leaving.
 
     ``MB_HOME`` names it meanwhile, so what this process starts finds it.
     """
     paths = Paths(Path(tempfile.mkdtemp(prefix="mb-bench-")))
+    if config_text:
+        paths.config.write_text(config_text)
     old_home = os.environ.get("MB_HOME")
     os.environ["MB_HOME"] = str(paths.home)
     try:
@@ -191,12 +194,18 @@ def fresh_cluster(
 
 
 def run(
-    jobs: int = 1000, submits: int = 2000, repeat: int = 3, idle_s: float = 5.0
+    jobs: int = 1000,
+    submits: int = 2000,
+    repeat: int = 3,
+    idle_s: float = 5.0,
+    cgroups: bool = True,
 ) -> dict[str, Any]:
-    """Every measure on a fresh cluster (``idle_s``: how long idle cost is sampled)."""
+    """Every measure on a fresh cluster (``idle_s``: how long idle cost is
+    sampled; ``cgroups``: whether nodes put jobs in cgroups when they can)."""
     cpus = layouts.usable_cpus()
     layout = layouts.plan_nodes(len(cpus), 1, cpus, False, None)
-    with fresh_cluster(layout) as (paths, report):
+    text = "" if cgroups else "[node]\ncgroups = false\n"
+    with fresh_cluster(layout, text) as (paths, report):
         env = dict(os.environ, MB_HOME=str(paths.home))
         workdir = str(paths.home)
         with Client(report.server_endpoint, timeout=60) as client:

@@ -134,6 +134,16 @@ def acct_command(
         bool,
         typer.Option("--swf", help="The jobs as a Standard Workload Format trace."),
     ] = False,
+    swf_decimals: Annotated[
+        int,
+        typer.Option(
+            "--swf-decimals",
+            min=0,
+            max=6,
+            help="Keep sub-second times in --swf (minibatch's readers take them; "
+            "jobs shorter than 0.5 s otherwise get run time 0).",
+        ),
+    ] = 0,
 ) -> None:
     """Show accounting data for finished jobs (like sacct)."""
     with common.reporting("mb acct"):
@@ -162,7 +172,7 @@ def acct_command(
         with common.reporting("mb acct"):
             nodes: NodeList = common.call(QueryNodes())
         layout = [(n.name, len(n.cpus)) for n in nodes.nodes]
-        sys.stdout.write(export_swf(found, nodes=layout))
+        sys.stdout.write(export_swf(found, nodes=layout, decimals=swf_decimals))
     elif as_json:
         sys.stdout.write(json_text(found, None if fields is None else columns, now))
     else:

@@ -12,9 +12,11 @@ import typer
 from minibatch.bench.scheduler import bench_scheduler
 from minibatch.cli import (
     acct,
+    backup,
     common,
     diag,
     jobctl,
+    keys,
     pbsctl,
     pbsnodes,
     policy,
@@ -28,6 +30,7 @@ from minibatch.cli import (
     slurmcmds,
     slurmctl,
 )
+from minibatch.errors import MinibatchError
 
 app = typer.Typer(
     name="mb",
@@ -59,6 +62,7 @@ app.command("pbsnodes", context_settings=pbsnodes.CONTEXT_SETTINGS)(
     pbsnodes.pbsnodes_command
 )
 app.command("acct", context_settings=acct.CONTEXT_SETTINGS)(acct.acct_command)
+app.command("backup")(backup.backup_command)
 # Slurm's commands.
 for _slurm_name, _slurm_command, _slurm_settings in (
     ("squeue", slurmcmds.squeue_command, slurmcmds.CONTEXT_SETTINGS),
@@ -80,6 +84,7 @@ for _name, _command in (
 ):
     app.command(_name, context_settings={"help_option_names": ["--help"]})(_command)
 app.add_typer(policy.policy_app, name="policy")
+app.add_typer(keys.keys_app, name="keys")
 app.command("sim")(sim.sim_command)
 app.command("report")(report.report_command)
 app.command("compare")(sim.compare_command)
@@ -104,13 +109,15 @@ def up(
     ] = 20.0,
 ) -> None:
     """Start the broker, server, scheduler and nodes that are not already running."""
-    from minibatch.cluster import lifecycle
+    from minibatch.cluster import lifecycle, stopping
     from minibatch.cluster.layout import layout_for_up
 
     with common.reporting("mb up"):
         paths, config = common.home()
-        # A cluster with a daemon still running keeps the layout it started with.
-        running = lifecycle.load_layout(paths) if lifecycle.running(paths) else None
+        # A cluster with a daemon or a kept job still running keeps the layout it
+        # started with: a kept job is re-adopted by the node of the same name.
+        alive = lifecycle.running(paths) or stopping.kept_jobs(paths)
+        running = lifecycle.load_layout(paths) if alive else None
         layout = layout_for_up(config, nodes, cpus_per_node, oversubscribe, running)
         report = lifecycle.up(paths, config, layout, wait=wait)
         for name in report.started:
@@ -128,13 +135,36 @@ def up(
 
 
 @app.command()
-def down() -> None:
-    """Stop every daemon of this MB_HOME; no process is left behind."""
+def down(
+    drain: Annotated[
+        bool,
+        typer.Option(
+            "--drain", help="Start nothing new; stop once the running jobs ended."
+        ),
+    ] = False,
+    keep_running: Annotated[
+        bool,
+        typer.Option(
+            "--keep-running",
+            help="Leave running jobs in their cgroups for the next mb up.",
+        ),
+    ] = False,
+) -> None:
+    """Stop every daemon of this MB_HOME. Queued jobs stay queued; running ones
+    are killed and requeued when rerunnable (or drained, or kept running)."""
     from minibatch.cluster import lifecycle
 
     with common.reporting("mb down"):
-        paths, _ = common.home()
-        stopped = lifecycle.down(paths)
+        if drain and keep_running:
+            raise MinibatchError("--drain and --keep-running exclude each other")
+        paths, config = common.home()
+
+        def progress(running: int) -> None:
+            typer.echo(f"draining: {running} job(s) still running", err=True)
+
+        stopped = lifecycle.down(
+            paths, config, keep_running=keep_running, drain=progress if drain else None
+        )
         typer.echo(
             "stopped " + ", ".join(stopped) if stopped else "nothing was running"
         )
@@ -161,6 +191,9 @@ def status(
         for d in info["daemons"]:
             where = d.get("endpoint") or (f"CPUs {d['cpus']}" if "cpus" in d else "")
             state = f"pid {d['pid']}" if d["alive"] else "not running"
+            if "limits" in d:
+                where += f"  {d['state']}, limits by {d['limits']}"
+                where += f" ({d['comment']})" if d.get("comment") else ""
             typer.echo(f"  {d['name']:<14} {state:<12} {where}")
         typer.echo(f"  events         {info['mqtt_url'] or 'off'}")
         if not info["up"]:
@@ -185,12 +218,15 @@ def bench_throughput(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
     jobs: Annotated[int, typer.Option(help="Jobs in the end-to-end run.")] = 1000,
     repeat: Annotated[int, typer.Option(help="Runs per rate; the median is kept.")] = 3,
+    cgroups: Annotated[
+        bool, typer.Option(help="Nodes put jobs in cgroups (when root).")
+    ] = True,
 ) -> None:
     """Submissions/s, jobs/s end to end, start latency, idle cost, qsub wall time."""
     from minibatch.bench import throughput
 
     with common.reporting("mb bench"):
-        result = throughput.run(jobs=jobs, repeat=repeat)
+        result = throughput.run(jobs=jobs, repeat=repeat, cgroups=cgroups)
         if as_json:
             typer.echo(json.dumps(result, indent=2))
             return
@@ -211,6 +247,28 @@ def bench_resize(
         typer.echo(json.dumps(result, indent=2) if as_json else resize.render(result))
         if result["mismatches"]:
             common.fail("mb bench", f"{result['mismatches']} threads kept a stale mask")
+
+
+@bench_app.command("load")
+def bench_load(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+    jobs: Annotated[int, typer.Option(help="Held jobs queued first.")] = 20_000,
+    clients: Annotated[int, typer.Option(help="Concurrent clients.")] = 50,
+    seconds: Annotated[float, typer.Option(help="How long the clients run.")] = 60.0,
+    full_every: Annotated[
+        int, typer.Option(help="Rounds between full qstat listings (0: none).")
+    ] = 50,
+) -> None:
+    """Latency of submit/qstat under a deep queue and many clients; server RSS, CPU."""
+    from minibatch.bench import load
+
+    with common.reporting("mb bench"):
+        result = load.run(
+            jobs=jobs, clients=clients, seconds=seconds, full_every=full_every
+        )
+        typer.echo(json.dumps(result, indent=2) if as_json else load.render(result))
+        if result["errors"]:
+            common.fail("mb bench", f"{result['errors']} requests failed")
 
 
 def main() -> None:

@@ -117,7 +117,7 @@ def connect(timeout: float = 10.0) -> Client:
     from minibatch.net.client import Client
 
     paths = Paths.from_env()
-    endpoint = load(paths).server_endpoint(paths)
+    endpoint = load(paths).client_endpoint(paths)
     # No socket file means no server: say so now rather than after the timeout.
     if endpoint.startswith("ipc://") and not os.path.exists(endpoint[6:]):
         raise Unavailable(

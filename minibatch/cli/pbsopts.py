@@ -147,6 +147,13 @@ def _set_array(opts: SubmitOptions, value: str, option: str) -> None:
 
 def apply(opts: SubmitOptions, letter: str, value: str, ctx: Context) -> None:
     """Apply one qsub option, named by its letter."""
+    try:
+        _apply(opts, letter, value, ctx)
+    except ValueError as exc:  # int() of 4,301 digits, shlex of an open quote
+        raise InvalidArgument(f"-{letter}: {exc}") from None
+
+
+def _apply(opts: SubmitOptions, letter: str, value: str, ctx: Context) -> None:
     if letter == "N":
         opts.name = check_name(value)
     elif letter in "oe":

@@ -3,10 +3,15 @@
     mb policy show [--json]
     mb policy set NAME [--param KEY=VALUE ...]
 
-``set`` is for operators. The server loads the policy before it accepts it (an
-unknown name or bad parameters are refused with one line), stores it (it
-survives a restart), publishes it on ``minibatch/v1/sched/policy`` and the
-scheduler plans with it from its next pass. A VALUE is read as JSON when it
+``set`` is for operators, and takes a name only: an installed policy's or one
+``[scheduler.policy_modules]`` in minibatch.toml gives to a ``module:callable``
+(never a ``module:callable`` itself: the daemons would import it as their own
+user). The server loads the policy and plans the queue with it once before it
+accepts it (an unknown name, bad parameters or a policy that raises are refused
+with one line, and the previous policy stays), stores it (it survives a
+restart), publishes it on ``minibatch/v1/sched/policy`` and the scheduler plans
+with it from its next pass; should it raise there, the scheduler goes back to
+the previous one and ``show`` says why. A VALUE is read as JSON when it
 parses (``3``, ``0.5``, ``false``, ``{"users": {"alice": "50"}}``), else taken as
 a string.
 """
@@ -56,7 +61,9 @@ def render_policy(info: Any) -> str:
         f"scheduler:  {info.scheduler_policy or '(not registered)'}",
         f"available:  {', '.join(info.available)}",
     ]
-    if info.scheduler_policy and info.scheduler_policy != info.name:
+    if info.scheduler_refused:
+        lines.append(f"refused:    {info.scheduler_refused}")
+    elif info.scheduler_policy and info.scheduler_policy != info.name:
         lines.append("(the scheduler switches at its next pass)")
     return "\n".join(lines) + "\n"
 

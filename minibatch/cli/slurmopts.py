@@ -278,8 +278,15 @@ def _export(opts: SubmitOptions, value: str, ctx: Context) -> None:
         opts.env = {**opts.env, **parse_env_list(",".join(items), ctx.environ)}
 
 
-def apply(opts: SubmitOptions, name: str, value: str, ctx: Context) -> None:  # noqa: C901
+def apply(opts: SubmitOptions, name: str, value: str, ctx: Context) -> None:
     """Apply one sbatch option, by its long name."""
+    try:
+        _apply(opts, name, value, ctx)
+    except ValueError as exc:  # int() of a number of 4,301 digits
+        raise InvalidArgument(f"--{name}: {exc}") from None
+
+
+def _apply(opts: SubmitOptions, name: str, value: str, ctx: Context) -> None:  # noqa: C901
     if name in _RECORDED:
         opts.record(f"--{name}", value, f"no effect: {_RECORDED[name][2]}")
     elif name == "job-name":

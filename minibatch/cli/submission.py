@@ -94,6 +94,22 @@ def origin_env(
     return env
 
 
+def exported(environ: Mapping[str, str], opts: SubmitOptions) -> dict[str, str]:
+    """The whole environment (``-V``, sbatch's default) less the variables the
+    protocol cannot carry (not UTF-8), each with a note: one stray variable
+    must not stop every submission."""
+    env = {}
+    for name, value in environ.items():
+        try:
+            name.encode(), value.encode()
+        except UnicodeEncodeError:
+            shown = name.encode(errors="backslashreplace").decode()
+            opts.note(f"variable {shown}", "not exported: it is not valid UTF-8")
+            continue
+        env[name] = value
+    return env
+
+
 def output_path(
     given: str | None, base: str, host: str, opts: SubmitOptions, what: str
 ) -> str | None:
@@ -143,7 +159,9 @@ def job_options(opts: SubmitOptions) -> JobOptions:
         script_args=opts.script_args or [],
         rerunnable=opts.rerunnable if opts.rerunnable is not None else True,
         keep=opts.keep or "",
-        umask=opts.umask,
+        # As Slurm's SLURM_UMASK: the job's files are created as the
+        # submitter's would be, not as the node daemon's umask says.
+        umask=opts.umask if opts.umask is not None else current_umask(),
         append=bool(opts.append),
         begin=opts.begin,
         priority=opts.priority or 0,
@@ -203,13 +221,26 @@ def build_spec(
         script: The script's text, or None for a command job.
         argv: The command for ``qsub -- COMMAND``, or None for a script.
         submit_args: The arguments, kept for ``qstat -f``.
+
+    Raises:
+        InvalidArgument: a value the server would refuse, such as a control
+            character in a name or path.
     """
+    from minibatch.protocol.fields import check_spec_text, check_text
+
+    # Before these paths reach the file system (a NUL would raise there).
+    for path, what in (
+        (opts.workdir, "working directory"),
+        (opts.stdout_path, "output path"),
+        (opts.stderr_path, "error path"),
+    ):
+        check_text(path or "", what)
     workdir = job_workdir(opts, cwd)
     export_all = opts.export_all
     if export_all is None:
         export_all = opts.slurm  # sbatch's default is --export=ALL
     queue = ",".join(opts.queues or [])
-    env = dict(environ) if export_all else {}
+    env = exported(environ, opts) if export_all else {}
     first = (opts.queues or [""])[0]
     env.update(origin_env(environ, workdir=cwd, host=host, user=user, queue=first))
     env.update(opts.env)
@@ -230,7 +261,7 @@ def build_spec(
         stdout = os.path.join(workdir, pattern)
     if opts.slurm and stderr is None:
         stderr = stdout  # one file for both, joined or not
-    return JobSpec(
+    spec = JobSpec(
         name=opts.name or default_name,
         workdir=workdir,
         request=to_request(opts),
@@ -252,6 +283,15 @@ def build_spec(
         walltime_given=opts.walltime is not None,
         queue_source=opts.queue_source or "",
     )
+    check_spec_text(spec)
+    return spec
+
+
+def current_umask() -> int:
+    """This process's umask (reading it means setting it: set it back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def current_dir() -> str:

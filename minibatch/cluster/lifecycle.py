@@ -25,12 +25,20 @@ import msgspec
 import psutil
 
 from minibatch.cluster import layout as layouts
+from minibatch.cluster import stopping
 from minibatch.cluster.layout import NodeLayout
 from minibatch.config import Config, Paths, mqtt_url
 from minibatch.errors import InvalidArgument, MinibatchError, Unavailable
+from minibatch.events import credentials as mqtt_credentials
 from minibatch.net.client import Client
 from minibatch.node.procfs import kill_leftovers
-from minibatch.protocol.messages import NodeList, QueryNodes, ServerStatus, Status
+from minibatch.protocol.messages import (
+    NodeInfo,
+    NodeList,
+    QueryNodes,
+    ServerStatus,
+    Status,
+)
 
 #: Seconds a daemon gets between SIGTERM and SIGKILL in :func:`down`.
 STOP_GRACE = 10.0
@@ -139,7 +147,12 @@ def log_tail(path: Path, lines: int = 20) -> str:
 def _spawn(paths: Paths, daemon: Daemon) -> subprocess.Popen[bytes]:
     # MB_* variables of a job (MB_NODE, MB_JOBID, ...) must not leak into daemons
     # started from inside a job: a node cleaning up leftovers matches on them.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MB_")}
+    # NOTIFY_SOCKET is the caller's service manager's, not the daemons'.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MB_") and k != "NOTIFY_SOCKET"
+    }
     env.update(MB_HOME=str(paths.home), PYTHONUNBUFFERED="1")
     command = daemon.command()
     with paths.logfile(daemon.name).open("ab") as log:
@@ -164,6 +177,9 @@ def _broker_port(paths: Paths) -> int:
     # restarted after a crash comes back on the same port when it is free.
     old = mqtt_url(paths, Config()).rpartition(":")[2]
     with socket.socket() as s:
+        # As the broker binds: connections of its dead predecessor still in
+        # TIME_WAIT must not make the port look taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", int(old) if old.isdigit() else 0))
         except OSError:
@@ -263,9 +279,14 @@ def up(
         elif not url:
             port = _broker_port(paths)
             url = f"mqtt://127.0.0.1:{port}"
-            # Written before the server starts: it reads the URL at start-up.
+            # Written before the server starts: it reads the URL at start-up,
+            # and the credentials only it may publish with (the broker's rule).
             _write_atomic(paths.mqtt_url_file, url + "\n")
-            run.ensure(Daemon("broker", ("--port", str(port))))
+            mqtt_credentials.ensure(paths.mqtt_credentials)
+            args = ["--port", str(port), "--credentials", str(paths.mqtt_credentials)]
+            if config.mqtt.broker == "mosquitto":
+                args.append("--mosquitto")
+            run.ensure(Daemon("broker", tuple(args)))
             # Waiting spares the server a logged "broker unavailable" at start.
             run.until(lambda: _listening(port), lambda: ("broker", "is not listening"))
         run.report.mqtt_url = url
@@ -301,8 +322,11 @@ def up(
     return run.report
 
 
-def _stop(pids: dict[str, int], paths: Paths) -> list[str]:
-    """SIGTERM ``pids`` stage by stage, SIGKILL what outlives :data:`STOP_GRACE`."""
+def _stop(
+    pids: dict[str, int], paths: Paths, node_signal: int = signal.SIGTERM
+) -> list[str]:
+    """SIGTERM ``pids`` stage by stage (nodes: ``node_signal``), SIGKILL what
+    outlives :data:`STOP_GRACE`."""
     stages: dict[int, dict[str, int]] = {}
     for name, pid in pids.items():
         stages.setdefault(STOP_STAGE.get(name, 0), {})[name] = pid
@@ -312,7 +336,8 @@ def _stop(pids: dict[str, int], paths: Paths) -> list[str]:
         for name, pid in stage.items():
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc = psutil.Process(pid)
-                proc.terminate()
+                node = name.startswith("node-")
+                proc.send_signal(node_signal if node else signal.SIGTERM)
                 procs[proc] = name
             stopped.append(name)
         # The daemons of one stage stop in parallel: all nodes end their jobs at once.
@@ -365,11 +390,21 @@ def running(paths: Paths) -> dict[str, int]:
     return {n: p for n in names if (p := running_pid(paths, Daemon(n))) is not None}
 
 
-def down(paths: Paths) -> list[str]:
+def down(
+    paths: Paths,
+    config: Config | None = None,
+    *,
+    keep_running: bool = False,
+    drain: Callable[[int], None] | None = None,
+) -> list[str]:
     """Stop every daemon with a pid file: nodes, scheduler, server, then broker.
 
-    SIGTERM, then SIGKILL after :data:`STOP_GRACE` s. Pid files (stale ones too)
-    and the embedded broker's URL file are removed.
+    SIGTERM (nodes: SIGUSR2 when ``keep_running``, see :mod:`.stopping`), then
+    SIGKILL after :data:`STOP_GRACE` s. With ``drain`` (told the number of jobs
+    still running as it changes) the scheduler stops first and the rest once no
+    job runs. Then what jobs of dead node daemons left is killed, unless jobs are
+    kept. Pid files (stale ones too) and the embedded broker's URL file are
+    removed.
 
     Returns:
         The daemons that were running, in the order they were stopped.
@@ -377,7 +412,17 @@ def down(paths: Paths) -> list[str]:
     if not paths.run.is_dir():
         return []
     pids = running(paths)
-    stopped = _stop(pids, paths)
+    stopped: list[str] = []
+    if keep_running and "server" in pids:
+        stopping.check_keep(paths, config or Config())
+    if drain is not None and "server" in pids:
+        if "scheduler" in pids:
+            stopped = _stop({"scheduler": pids.pop("scheduler")}, paths)
+        stopping.wait_drained(paths, config or Config(), drain)
+    keep = signal.SIGUSR2 if keep_running else signal.SIGTERM
+    stopped += _stop(pids, paths, keep)
+    if not keep_running:
+        stopping.sweep(paths)
     for name in _pidfile_names(paths):
         paths.pidfile(name).unlink(missing_ok=True)
     if "broker" in pids:
@@ -393,11 +438,22 @@ def load_layout(paths: Paths) -> list[NodeLayout] | None:
         return None
 
 
+def _server_nodes(endpoint: str) -> dict[str, NodeInfo]:
+    """The nodes as the server sees them (none when it does not answer)."""
+    try:
+        with Client(endpoint, 2.0) as client:
+            nodes: NodeList = client.call(QueryNodes())
+    except MinibatchError:
+        return {}
+    return {n.name: n for n in nodes.nodes}
+
+
 def status(paths: Paths, config: Config) -> dict[str, Any]:
     """Every daemon of the cluster, JSON-ready: ``home``, ``up`` (all alive),
     ``mqtt_url``, ``server_endpoint``, ``layout`` and ``daemons``, each ``{name,
     pid, alive, log}`` plus ``endpoint`` (broker, server) or ``node``, ``cpus``,
-    ``shared_cpus`` and ``mem`` (nodes)."""
+    ``shared_cpus`` and ``mem`` (nodes), with the server's ``state``, ``comment``
+    and ``limits`` (how the node enforces CPUs and memory) when it answers."""
     layout = {n.name: n for n in load_layout(paths) or []}
     names = [f"node-{n}" for n in layout]
     if paths.run.is_dir():
@@ -406,6 +462,7 @@ def status(paths: Paths, config: Config) -> dict[str, Any]:
     if not config.mqtt.url or paths.pidfile("broker").exists():
         names.insert(0, "broker")
     url, endpoint = mqtt_url(paths, config), config.server_endpoint(paths)
+    known = _server_nodes(endpoint) if running_pid(paths, Daemon("server")) else {}
     daemons: list[dict[str, Any]] = []
     for name in names:
         pid = running_pid(paths, Daemon(name))
@@ -421,6 +478,9 @@ def status(paths: Paths, config: Config) -> dict[str, Any]:
             lay = layout.get(name[5:]) or NodeLayout(name=name[5:], cpus=[])
             entry.update(node=lay.name, cpus=lay.cpus, mem=lay.mem)
             entry["shared_cpus"] = lay.shared_cpus
+            if (info := known.get(lay.name)) is not None:
+                entry.update(state=info.state, comment=info.comment)
+                entry["limits"] = info.enforcement
         daemons.append(entry)
     return {
         "home": str(paths.home),

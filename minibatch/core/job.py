@@ -138,7 +138,8 @@ class JobOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     #: ``-k``: o/e keep that file in the home directory (Torque), d writes it
     #: directly (what minibatch always does).
     keep: str = ""
-    #: ``-W umask=``: the job's umask (None: 077 as PBS, or the mom's default).
+    #: The job's umask, for its processes and its output files: ``-W umask=``,
+    #: else the submitter's (qsub and sbatch send it); None: the node daemon's.
     umask: int | None = None
     #: ``--open-mode=append``: append to existing output files.
     append: bool = False

@@ -1,15 +1,18 @@
 """``mb-broker``: the embedded MQTT broker ``mb up`` starts when none is configured.
 
 It is an amqtt broker with one plain TCP listener on a loopback address, anonymous
-clients allowed, and nothing else: no websockets, no ``$SYS`` topics (their timer
+clients allowed (to subscribe only, given ``--credentials``: then only the server
+publishes, see :mod:`minibatch.events.brokerauth`), and nothing else: no
+websockets, no ``$SYS`` topics (their timer
 and psutil sampling would cost CPU for nobody), and no persistence plugin. amqtt
 0.12 writes no file by default (its SQLite session store is an opt-in plugin), so
 the broker keeps all state in memory and writes only its log (stderr, which
 ``mb up`` appends to ``$MB_HOME/log/broker.log``). Events are a live feed: a
 restarted broker starts empty, and the publishers re-send what they buffered.
 
-Run it as ``mb-broker --port 1883 [--host 127.0.0.1]``; SIGTERM or SIGINT stops it
-cleanly.
+Run it as ``mb-broker --port 1883 [--host 127.0.0.1] [--credentials FILE]
+[--mosquitto]``; SIGTERM or SIGINT stops it cleanly. ``--mosquitto`` runs
+Debian's mosquitto with the same rules instead (:mod:`minibatch.events.mosquitto`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("minibatch.broker")
@@ -31,25 +35,34 @@ log = logging.getLogger("minibatch.broker")
 SHUTDOWN_TIMEOUT = 5.0
 
 
-def broker_config(host: str, port: int) -> dict[str, Any]:
+def broker_config(
+    host: str, port: int, credentials: Path | None = None
+) -> dict[str, Any]:
     """The amqtt configuration of the embedded broker.
 
     Args:
         host: Address to bind; loopback unless remote nodes must subscribe.
         port: TCP port of the only listener.
+        credentials: The server's ``user:password`` file: only it may publish.
+            None: anyone may (a broker for tests).
 
     Returns:
         A dict accepted by ``amqtt.broker.Broker``.
     """
+    # Listing the plugins explicitly replaces amqtt's defaults, which add the
+    # $SYS publisher (a periodic timer) and two debug-logging plugins.
+    plugins: dict[str, Any] = {
+        "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}
+    }
+    if credentials is not None:
+        only = {"credentials": str(credentials)}
+        plugins = {
+            "minibatch.events.brokerauth.ServerOnlyAuth": only,
+            "minibatch.events.brokerauth.ServerOnlyPublish": only,
+        }
     return {
         "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
-        # Listing the plugins explicitly replaces amqtt's defaults, which add the
-        # $SYS publisher (a periodic timer) and two debug-logging plugins.
-        "plugins": {
-            "amqtt.plugins.authentication.AnonymousAuthPlugin": {
-                "allow_anonymous": True
-            },
-        },
+        "plugins": plugins,
     }
 
 
@@ -78,13 +91,16 @@ def _quiet_logging(level: int) -> None:
     log.setLevel(level)
 
 
-async def serve(host: str, port: int, stop: asyncio.Event) -> None:
+async def serve(
+    host: str, port: int, stop: asyncio.Event, credentials: Path | None = None
+) -> None:
     """Run the broker until ``stop`` is set.
 
     Args:
         host: Address to bind.
         port: TCP port to listen on.
         stop: Set it to shut the broker down.
+        credentials: See :func:`broker_config`.
 
     Raises:
         OSError: The address could not be bound (e.g. the port is taken).
@@ -93,7 +109,7 @@ async def serve(host: str, port: int, stop: asyncio.Event) -> None:
     from amqtt.broker import Broker
     from amqtt.errors import BrokerError
 
-    broker = Broker(broker_config(host, port))
+    broker = Broker(broker_config(host, port, credentials))
     try:
         await broker.start()
     except BrokerError as exc:
@@ -111,12 +127,29 @@ async def serve(host: str, port: int, stop: asyncio.Event) -> None:
             log.warning("broker shutdown did not complete cleanly: %s", exc)
 
 
-async def _main(host: str, port: int) -> None:
+async def _main(host: str, port: int, credentials: Path | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await serve(host, port, stop)
+    await serve(host, port, stop, credentials)
+
+
+def _mosquitto(host: str, port: int, credentials: Path) -> int:
+    from minibatch.events import credentials as creds
+    from minibatch.events import mosquitto
+
+    program = mosquitto.executable()
+    if program is None:
+        log.error("mosquitto is not installed (apt-get install mosquitto)")
+        return 1
+    found = creds.read(credentials)
+    if found is None:
+        log.error("no credentials file %s", credentials)
+        return 1
+    conf = mosquitto.write_config(credentials.parent, host, port, found)
+    log.info("running %s -c %s (pid %d)", program, conf, os.getpid())
+    return mosquitto.run(program, conf)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -130,6 +163,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)"
     )
     parser.add_argument(
+        "--credentials",
+        type=Path,
+        help="the server's user:password file; only it may publish "
+        "(default: anyone may)",
+    )
+    parser.add_argument(
+        "--mosquitto",
+        action="store_true",
+        help="run Debian's mosquitto, with its files beside --credentials",
+    )
+    parser.add_argument(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -138,6 +182,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
         parser.error(f"--port must be between 1 and 65535, not {args.port}")
+    if args.mosquitto and args.credentials is None:
+        parser.error("--mosquitto needs --credentials")
     return args
 
 
@@ -150,10 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = parse_args(argv)
     _quiet_logging(getattr(logging, args.log_level))
+    if args.mosquitto:
+        return _mosquitto(args.host, args.port, args.credentials)
     # amqtt 0.12 emits DeprecationWarnings about its own internals at start-up.
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     try:
-        asyncio.run(_main(args.host, args.port))
+        asyncio.run(_main(args.host, args.port, args.credentials))
     except OSError as exc:
         log.error("%s", exc)
         return 1

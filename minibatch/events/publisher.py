@@ -112,6 +112,9 @@ class EventPublisher:
         prefix: Topic prefix, e.g. ``minibatch/v1``.
         buffer_size: Events kept while the broker is unreachable.
         batch_size: Events written per drain step.
+        credentials: ``(user, password)`` to log in with, unless the URL has
+            its own: a broker started by ``mb up`` takes events only from the
+            server (see :mod:`minibatch.events.credentials`).
 
     Raises:
         ValueError: ``url`` is not an MQTT URL.
@@ -126,10 +129,14 @@ class EventPublisher:
         *,
         buffer_size: int = DEFAULT_BUFFER,
         batch_size: int = DEFAULT_BATCH,
+        credentials: tuple[str, str] | None = None,
     ) -> None:
         self.url = url
         self.prefix = prefix.rstrip("/")
         self.address = parse_url(url) if url else None
+        if self.address and credentials and self.address.username is None:
+            user, password = credentials
+            self.address = self.address._replace(username=user, password=password)
         self._buf: deque[_Event] = deque(maxlen=buffer_size)
         self._batch_size = batch_size
         self._inflight: list[_Event] = []

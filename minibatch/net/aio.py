@@ -7,22 +7,30 @@ Requests are matched to replies by id; unsolicited messages from the server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import zmq
 
-from minibatch.errors import ProtocolError, RemoteError
+from minibatch.config import Paths
+from minibatch.errors import PermissionDenied, ProtocolError, RemoteError, Unavailable
+from minibatch.net import curve
 from minibatch.net.client import unreachable
 from minibatch.net.driver import Frames, SocketDriver
+from minibatch.net.keys import load_client
+from minibatch.net.ratelog import RateLimitedLog
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import Error, Message
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Message], Awaitable[None]]
+#: Seconds before a client whose key the server refused connects again.
+RETRY_REFUSED_S = 5.0
 
 
 class AsyncClient:
@@ -32,7 +40,9 @@ class AsyncClient:
     daemon's authenticated hello, so a client cannot claim a daemon's messages.
     """
 
-    def __init__(self, endpoint: str, on_message: Handler) -> None:
+    def __init__(
+        self, endpoint: str, on_message: Handler, keys: Path | None = None
+    ) -> None:
         self.endpoint = endpoint
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -40,23 +50,65 @@ class AsyncClient:
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         sock.setsockopt(zmq.IMMEDIATE, 1)
+        #: Over tcp: reports each handshake (see :mod:`minibatch.net.curve`).
+        self._monitor: zmq.Socket[bytes] | None = None
+        if curve.is_tcp(endpoint):
+            folder = keys or Paths.from_env().keys
+            self._monitor = curve.secure(sock, load_client(folder))
         sock.connect(endpoint)
+        #: Why the server refused the last handshake ("" while it did not).
+        self.refused = ""
+        self._watch: SocketDriver | None = None
+        self._retry: asyncio.TimerHandle | None = None
         self._sock = sock
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Message]] = {}
         self._on_message = on_message
         self._driver: SocketDriver | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._malformed = RateLimitedLog(log, "malformed frames from the server")
 
     def start(self) -> None:
         self._driver = SocketDriver(self._sock, self._on_batch)
+        if self._monitor is not None:
+            self._watch = SocketDriver(self._monitor, self._on_handshakes)
+
+    def _on_handshakes(self, batch: list[Frames]) -> None:
+        for frames in batch:
+            why = curve.failure_of(frames[0].bytes, self.endpoint)
+            if why is None:
+                if self.refused:
+                    log.info("the server at %s accepts this client now", self.endpoint)
+                self.refused = ""
+                continue
+            if str(why) != self.refused:
+                log.error("%s", why)
+            self.refused = str(why)
+            if isinstance(why, PermissionDenied) and self._retry is None:
+                # libzmq never reconnects after a refused key; the operator
+                # may register it meanwhile, so try again now and then.
+                loop = asyncio.get_running_loop()
+                self._retry = loop.call_later(RETRY_REFUSED_S, self._reconnect)
+
+    def _reconnect(self) -> None:
+        self._retry = None
+        with contextlib.suppress(zmq.ZMQError):  # already dropped by libzmq
+            self._sock.disconnect(self.endpoint)
+        self._sock.connect(self.endpoint)
+
+    def _unreachable(self, timeout: float) -> Unavailable:
+        if self.refused:
+            return Unavailable(self.refused)
+        return unreachable(self.endpoint, timeout)
 
     def _on_batch(self, batch: list[Frames]) -> None:
         for frames in batch:
             try:
                 env = decode(frames[-1].bytes)
             except ProtocolError as exc:
-                log.warning("dropping a malformed frame from the server: %s", exc)
+                self._malformed.warning(
+                    "dropping a malformed frame from the server: %s", exc
+                )
                 continue
             fut = self._waiting.pop(env.re, None) if env.re else None
             if fut is not None:
@@ -91,10 +143,10 @@ class AsyncClient:
         timer = loop.call_later(timeout, _expire, fut)
         try:
             if not self._send(encode(body, rid)):
-                raise unreachable(self.endpoint, timeout)
+                raise self._unreachable(timeout)
             reply = await fut
         except TimeoutError:
-            raise unreachable(self.endpoint, timeout) from None
+            raise self._unreachable(timeout) from None
         finally:
             timer.cancel()
             self._waiting.pop(rid, None)
@@ -105,6 +157,14 @@ class AsyncClient:
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            if self._watch is not None:
+                self._watch.close()
+            else:
+                self._monitor.close(0)
         if self._driver is not None:
             self._driver.close()
         else:

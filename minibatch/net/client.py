@@ -8,7 +8,7 @@ asyncio: ``qsub`` must start fast. The daemons use :mod:`minibatch.net.aio`.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -16,33 +16,71 @@ from minibatch.errors import RemoteError, Unavailable
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import Error, Message
 
+if TYPE_CHECKING:
+    from pathlib import Path
 
-def unreachable(endpoint: str, timeout: float) -> Unavailable:
+#: Requests this large may have been dropped for their size: a timeout says so.
+LARGE_REQUEST = 1 << 20
+
+
+def unreachable(endpoint: str, timeout: float, size: int = 0) -> Unavailable:
+    why = "is the cluster up? try `mb up`"
+    if size >= LARGE_REQUEST:
+        # libzmq drops a message over the server's [server] max_message_bytes
+        # without a word: the only sign is that no answer comes.
+        why = (
+            f"the request was {size} bytes: the server drops requests over its "
+            f"[server] max_message_bytes unanswered; or {why}"
+        )
     return Unavailable(
         f"no answer from the minibatch server at {endpoint} within {timeout:g} s "
-        "(is the cluster up? try `mb up`)"
+        f"({why})"
     )
 
 
+def _secure(sock: zmq.Socket[bytes], keys: Path | None) -> zmq.Socket[bytes]:
+    """CURVE for a tcp connection, and its handshake monitor. Imported here
+    only: commands on the server's host (ipc) start as fast as before."""
+    from minibatch.config import Paths
+    from minibatch.net import curve
+    from minibatch.net.keys import load_client
+
+    return curve.secure(sock, load_client(keys or Paths.from_env().keys))
+
+
 class Client:
-    def __init__(self, endpoint: str, timeout: float = 10.0) -> None:
+    """A connection to ``endpoint``; over tcp with the CURVE keys in ``keys``
+    (default ``$MB_HOME/keys``, see :mod:`minibatch.net.keys`)."""
+
+    def __init__(
+        self, endpoint: str, timeout: float = 10.0, keys: Path | None = None
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+        #: Reports the tcp handshake, so that a refused key is said at once.
+        self._monitor: zmq.Socket[bytes] | None = None
+        if endpoint.startswith("tcp://"):
+            try:
+                self._monitor = _secure(self._sock, keys)
+            except BaseException:
+                self._sock.close(0)
+                raise
         self._sock.connect(endpoint)
         self._ids = itertools.count(1)
 
     def call(self, body: Message) -> Any:
         """Send ``body`` and return the reply body; raise on an error reply."""
         rid = next(self._ids)
-        self._sock.send(encode(body, rid))
+        request = encode(body, rid)
+        self._sock.send(request)
         while True:
             try:
-                frame = self._sock.recv()
+                frame = self._recv()
             except zmq.Again:
-                raise unreachable(self.endpoint, self.timeout) from None
+                raise unreachable(self.endpoint, self.timeout, len(request)) from None
             env = decode(frame)
             if env.re == rid:
                 break
@@ -50,7 +88,19 @@ class Client:
             raise RemoteError(env.body.code, env.body.message)
         return env.body
 
+    def _recv(self) -> bytes:
+        if self._monitor is None:
+            return self._sock.recv()
+        from minibatch.net.curve import wait_readable
+
+        if not wait_readable(self._sock, self._monitor, self.endpoint, self.timeout):
+            raise zmq.Again
+        return self._sock.recv(zmq.NOBLOCK)
+
     def close(self) -> None:
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(0)
         self._sock.close(0)
 
     def __enter__(self) -> Client:

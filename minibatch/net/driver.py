@@ -18,6 +18,10 @@ import zmq
 
 Frames = list[zmq.Frame]
 
+#: Bytes read per batch at most (besides the message that crosses it): a batch
+#: of hundreds of large messages must not sit in memory all at once.
+BATCH_BYTES = 64 << 20
+
 
 class SocketDriver:
     def __init__(
@@ -25,8 +29,10 @@ class SocketDriver:
         sock: zmq.Socket[bytes],
         on_batch: Callable[[list[Frames]], None],
         batch: int = 512,
+        batch_bytes: int = BATCH_BYTES,
     ) -> None:
         self.sock, self.on_batch, self.batch = sock, on_batch, batch
+        self.batch_bytes = batch_bytes
         self._loop = asyncio.get_running_loop()
         self._scheduled = False
         self._fd = int(sock.getsockopt(zmq.FD))
@@ -45,11 +51,14 @@ class SocketDriver:
         if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             return
         frames: list[Frames] = []
-        while len(frames) < self.batch:
+        size = 0
+        while len(frames) < self.batch and size < self.batch_bytes:
             try:
-                frames.append(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+                message = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
+            frames.append(message)
+            size += sum(len(part) for part in message)
         if frames:
             self.on_batch(frames)
         # More may be waiting (full batch, or arrivals while handling): come back

@@ -24,6 +24,7 @@ the spool directory and removed by :meth:`Launcher.cleanup` when the job ends.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pwd
 import resource
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from minibatch.core.units import format_cpu_list
 from minibatch.malleable import signal_named
+from minibatch.net.limits import give_back
 from minibatch.node.resizer import write_cpuset
 from minibatch.protocol.messages import LaunchSpec
 
@@ -44,7 +46,18 @@ _FOREIGN_PREFIXES = ("MB_", "PBS_", "SLURM_")
 
 
 class LaunchError(Exception):
-    """The job could not be started; the message is the comment the user sees."""
+    """The job could not be started; the message is the comment the user sees.
+
+    ``node_trouble``: the node, not the job, is at fault (its spool is full or
+    read-only): the job may run elsewhere and the node should take no more."""
+
+    def __init__(self, message: str, node_trouble: bool = False) -> None:
+        super().__init__(message)
+        self.node_trouble = node_trouble
+
+
+#: Errors writing the spool that say the node cannot start any job now.
+_SPOOL_TROUBLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,8 +285,15 @@ class Launcher:
     def physical_cpus(self, cpus: list[int]) -> list[int]:
         return sorted({self.cpu_map.get(c, c) for c in cpus})
 
-    def spawn(self, spec: LaunchSpec) -> subprocess.Popen[bytes]:
-        """Start the job's top process; raise :class:`LaunchError` if it cannot."""
+    def spawn(
+        self,
+        spec: LaunchSpec,
+        placement: contextlib.AbstractContextManager[None] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start the job's top process; raise :class:`LaunchError` if it cannot.
+
+        ``placement`` is held around the fork (the job's cgroups, see
+        :meth:`.cgroup.Cgroups.inside`)."""
         ident = resolve_identity(spec, self._euid)
         cpus = self.physical_cpus(spec.cpus)
         if not cpus:
@@ -305,9 +325,18 @@ class Launcher:
             out_fd, err_fd = self._open_outputs(spec, ident)
         except (OSError, ValueError) as exc:  # ValueError: a NUL byte in a path
             self.cleanup(spec.job)
-            raise LaunchError(describe_os_error(exc)) from exc
+            trouble = (
+                isinstance(exc, OSError)
+                and exc.errno in _SPOOL_TROUBLE
+                and str(exc.filename or "").startswith(str(self.spool))
+            )
+            raise LaunchError(describe_os_error(exc), trouble) from exc
         try:
-            return self._popen(spec, ident, argv, env, cpus, out_fd, err_fd)
+            with placement or contextlib.nullcontext():
+                return self._popen(spec, ident, argv, env, cpus, out_fd, err_fd)
+        except OSError as exc:  # entering or leaving the job's cgroups
+            self.cleanup(spec.job)
+            raise LaunchError(describe_os_error(exc)) from exc
         except LaunchError:
             self.cleanup(spec.job)
             raise
@@ -353,6 +382,7 @@ class Launcher:
             raise LaunchError(describe_os_error(exc)) from exc
         finally:
             os.sched_setaffinity(0, saved)
+        give_back(popen.pid)  # the daemon's raised open file limit is not the job's
         vmem = spec.options.vmem_kb
         if vmem:
             # The kernel's limit on each process's address space: set on the
@@ -392,7 +422,10 @@ class Launcher:
             path.unlink()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         try:
-            os.write(fd, text.encode())
+            try:
+                os.write(fd, text.encode())
+            except OSError as exc:  # name the file: a full spool is the node's
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
             if ident.switch:
                 os.fchown(fd, ident.uid, ident.gid)
             os.fchmod(fd, mode)
@@ -407,17 +440,24 @@ class Launcher:
         err_path = workdir / spec.stderr_path.replace("%N", self.node)
         mode = os.O_APPEND if spec.options.append else os.O_TRUNC
         flags = os.O_WRONLY | os.O_CREAT | mode | os.O_CLOEXEC
-        with effective_identity(ident):
-            if ident.switch and not os.access(workdir, os.X_OK, effective_ids=True):
-                raise PermissionError(13, "Permission denied", str(workdir))
-            out_fd = os.open(out_path, flags, 0o666)
-            if spec.join or err_path == out_path:
-                return out_fd, out_fd
-            try:
-                err_fd = os.open(err_path, flags, 0o666)
-            except OSError:
-                os.close(out_fd)
-                raise
+        # Created under the job's umask (the submitter's), not this daemon's:
+        # a user whose umask is 077 gets output no one else can read.
+        daemons = os.umask(0o077)
+        os.umask(daemons if spec.options.umask is None else spec.options.umask)
+        try:
+            with effective_identity(ident):
+                if ident.switch and not os.access(workdir, os.X_OK, effective_ids=True):
+                    raise PermissionError(13, "Permission denied", str(workdir))
+                out_fd = os.open(out_path, flags, 0o666)
+                if spec.join or err_path == out_path:
+                    return out_fd, out_fd
+                try:
+                    err_fd = os.open(err_path, flags, 0o666)
+                except OSError:
+                    os.close(out_fd)
+                    raise
+        finally:
+            os.umask(daemons)
         return out_fd, err_fd
 
     def cpuset_path(self, job: int) -> Path:
@@ -425,9 +465,13 @@ class Launcher:
         return self.spool / f"{job}.cpus"
 
     def cleanup(self, job: int) -> None:
-        """Remove the job's spool files (best effort)."""
-        for suffix in (".sh", ".nodes", ".cpus"):
-            with contextlib.suppress(OSError):
-                (self.spool / f"{job}{suffix}").unlink()
-        # rmtree does not follow symbolic links a job may have left in it.
-        shutil.rmtree(self.spool / f"{job}.tmp", ignore_errors=True)
+        remove_spool_files(self.spool, job)
+
+
+def remove_spool_files(spool: Path, job: int) -> None:
+    """Remove the job's spool files (best effort)."""
+    for suffix in (".sh", ".nodes", ".cpus", ".run"):
+        with contextlib.suppress(OSError):
+            (spool / f"{job}{suffix}").unlink()
+    # rmtree does not follow symbolic links a job may have left in it.
+    shutil.rmtree(spool / f"{job}.tmp", ignore_errors=True)

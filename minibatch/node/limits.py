@@ -25,11 +25,14 @@ from minibatch.node.ownership import Run
 from minibatch.node.procfs import Proc
 
 
-def exceeded(run: Run, live: Sequence[Proc]) -> tuple[JobResult, str] | None:
-    """The result and comment of a job past one of its limits, or None."""
+def exceeded(
+    run: Run, live: Sequence[Proc], kernel_memory: bool = False
+) -> tuple[JobResult, str] | None:
+    """The result and comment of a job past one of its limits, or None
+    (``kernel_memory``: its cgroup enforces ``mem``, sampling need not)."""
     spec, opts = run.spec, run.spec.options
     rss = run.rss_now_kb
-    if spec.mem_kb and rss > spec.mem_kb:
+    if spec.mem_kb and rss > spec.mem_kb and not kernel_memory:
         return (
             JobResult.OUT_OF_MEMORY,
             f"memory limit of {spec.mem_kb} kb exceeded ({rss} kb used)",

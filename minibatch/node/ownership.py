@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from minibatch.core.job import JobResult
 from minibatch.node import procfs
+from minibatch.node.cgroup import JobCgroup
 from minibatch.node.procfs import ProcTable
 from minibatch.protocol.messages import JobEnded, LaunchSpec
 
@@ -38,9 +39,17 @@ class Run:
     """One running job as the tracker sees it."""
 
     spec: LaunchSpec
-    popen: subprocess.Popen[bytes]
+    #: None for a job re-adopted from an earlier daemon (not our child).
+    popen: subprocess.Popen[bytes] | None
     pid: int
     start: float
+    #: The job's cgroups, when the node uses them (:mod:`.cgroup`).
+    cg: JobCgroup | None = None
+    #: Re-adopted: its processes are found by cgroup only, its exit status is
+    #: unknown (its top process was reaped by someone else).
+    adopted: bool = False
+    #: Kernel OOM kills in its cgroup already acted on.
+    oom_seen: int = 0
     #: Wait status of the top process, once reaped.
     status: int | None = None
     cputime_s: float = 0.0
@@ -163,7 +172,10 @@ class Ownership:
     def tree(self, run: Run, table: ProcTable) -> set[int]:
         """Every process of ``run`` alive (or a zombie) in ``table``; owns them."""
         seeds = {p for p in run.pids if p in table}
-        if run.status is None:
+        if run.cg is not None:
+            # No process leaves its cgroup: it is the whole job, setsid or not.
+            seeds |= {p for p in run.cg.procs() if p in table}
+        elif run.status is None:
             seeds |= table.members(run.pid)
         else:
             # Everything left was adopted by us (placed by :meth:`scan`) or descends
@@ -177,8 +189,13 @@ class Ownership:
         return tree
 
 
-def ended_report(run: Run, end_time: float | None = None) -> JobEnded:
-    """The JobEnded for a finished run, following PBS's exit status rules."""
+def ended_report(
+    run: Run,
+    end_time: float | None = None,
+    unseen: str = "re-adopted by a restarted node daemon",
+) -> JobEnded:
+    """The JobEnded for a finished run, following PBS's exit status rules
+    (``unseen``: why a re-adopted run's exit status is unknown)."""
     status = run.status
     exit_status: int | None = None
     sig: int | None = None
@@ -190,6 +207,11 @@ def ended_report(run: Run, end_time: float | None = None) -> JobEnded:
         exit_status = os.WEXITSTATUS(status)
     if run.kill_reason is not None:
         result = run.kill_reason
+    elif run.adopted and status is None:
+        # Its top process was reaped by whoever inherited it while no daemon
+        # ran: it ended by itself, how is not known.
+        result = JobResult.COMPLETED
+        comments.append(f"{unseen}; exit status unknown")
     elif exit_status == 0:
         result = JobResult.COMPLETED
     else:

@@ -13,14 +13,20 @@ and the start-up sweep that kills processes a previous incarnation of a node lef
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import signal
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minibatch.node.cgroup import JobCgroup
 
 log = logging.getLogger(__name__)
 
@@ -178,15 +184,46 @@ def _ancestors() -> set[int]:
     return out
 
 
-def kill_leftovers(node: str, home: str) -> list[int]:
+def kill_job_remains(top: int, uid: int, cg: JobCgroup | None) -> int:
+    """SIGKILL what is left of a job an earlier daemon ran; how many processes.
+
+    Its cgroup holds all of it. Without one, its session and process group
+    (named by its top process's pid) are what can be found, and only processes
+    of the job's user: the ids may have been reused since.
+    """
+    spare = _ancestors()
+    killed: set[int] = set()
+    if cg is not None:
+        for _ in range(100):  # until a fork in flight has landed too
+            pids = [p for p in cg.procs() if p not in spare]
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            killed.update(pids)
+            time.sleep(0.01)
+        return len(killed)
+    for pid in ProcTable.scan().members(top) - spare:
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        killed.add(pid)
+    return len(killed)
+
+
+def kill_leftovers(node: str, home: str, spare: set[int] | None = None) -> list[int]:
     """SIGKILL processes a previous incarnation of node ``node`` left running.
 
     A job process carries ``MB_NODE`` and ``MB_HOME`` in its environment; matching
     both keeps two clusters on one machine (each in its own home) from killing each
-    other's jobs. This process and its ancestors are spared: a daemon started from
-    inside a job inherits those variables.
+    other's jobs. This process and its ancestors are spared (a daemon started from
+    inside a job inherits those variables), and so are ``spare`` (re-adopted jobs).
     """
-    spare = _ancestors()
+    spare = _ancestors() | (spare or set())
     killed: list[int] = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in spare:

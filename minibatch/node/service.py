@@ -16,12 +16,16 @@ reply: one round trip less per job, and if the server is down at that instant
 it keeps the start time it planned. It leaves before any report made after it,
 so a job's start is never delivered after its end.
 
-**Stopping** (SIGTERM/SIGINT): every job is killed (TERM, grace, KILL) and reported
-``node_fail`` "node daemon stopped"; the reports get a short best-effort flush; the
-daemon exits 0.
+**Stopping** (SIGTERM/SIGINT): the server hears first that the node is stopping
+(it starts nothing more here), then every job is killed (TERM, grace, KILL) and
+reported ``node_fail`` "node daemon stopped", which puts it back in the queue when
+it may run again; the reports get a short best-effort flush; the daemon exits 0.
+SIGUSR2 stops the daemon the same way but leaves the jobs running in their
+cgroups (``mb down --keep-running``), for the next daemon of this node.
 
-On start the daemon becomes a child subreaper (orphans of jobs come back to it)
-and kills processes an earlier incarnation of the same node left behind.
+On start the daemon becomes a child subreaper (orphans of jobs come back to it),
+re-adopts the jobs an earlier daemon of this node left running in their cgroups
+(:meth:`Tracker.recover`), and kills everything else such a daemon left behind.
 """
 
 from __future__ import annotations
@@ -31,12 +35,19 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
+import signal
 
 from minibatch import config as mbconfig
 from minibatch.config import Config, Paths
 from minibatch.core.job import JobResult
 from minibatch.core.units import format_cpu_list, parse_cpu_list, parse_size_kb
-from minibatch.daemon import setup_logging, single_instance, stop_on_signals
+from minibatch.daemon import (
+    notify_ready,
+    setup_logging,
+    single_instance,
+    stop_on_signals,
+)
 from minibatch.errors import (
     ErrorCode,
     InvalidArgument,
@@ -45,7 +56,10 @@ from minibatch.errors import (
     Unavailable,
 )
 from minibatch.net.aio import AsyncClient
+from minibatch.net.keys import load_client
+from minibatch.net.limits import raise_fd_limit
 from minibatch.node import procfs
+from minibatch.node.cgroup import Cgroups
 from minibatch.node.launcher import Launcher
 from minibatch.node.tracker import Report, Tracker
 from minibatch.protocol.messages import (
@@ -66,6 +80,8 @@ log = logging.getLogger("minibatch.node")
 #: A report the server answered with an error this many times is dropped.
 _MAX_REPORT_ERRORS = 3
 _FLUSH_S = 2.0
+#: Free bytes in the spool after which a node that found it full takes jobs again.
+_SPOOL_FREE = 16 << 20
 
 
 def cpu_map(cpus: list[int], available: set[int]) -> dict[int, int]:
@@ -88,6 +104,7 @@ class NodeDaemon:
         shared_cpus: list[int],
         paths: Paths,
         config: Config,
+        server: str = "",
     ) -> None:
         self.name = name
         self.cpus = cpus
@@ -95,7 +112,7 @@ class NodeDaemon:
         self.shared_cpus = shared_cpus
         self.paths = paths
         self.config = config
-        self.endpoint = config.server_endpoint(paths)
+        self.endpoint = server or config.client_endpoint(paths)
         mapping = cpu_map(cpus, os.sched_getaffinity(0))
         if any(c != p for c, p in mapping.items()):
             log.warning(
@@ -107,38 +124,59 @@ class NodeDaemon:
         self.launcher = Launcher(
             name,
             str(paths.home),
-            paths.state / "spool",
+            paths.spool,
             mapping,
             resize_signal=config.node.resize_signal,
         )
-        self.tracker = Tracker(self.launcher, config.node, self._report)
+        self.cgroups = Cgroups(name, str(paths.home), config.node.pids_max)
+        if not config.node.cgroups:
+            self.cgroups.why_not = "turned off ([node] cgroups = false)"
+            self.cgroups.bases.clear()
+        self.tracker = Tracker(
+            self.launcher, config.node, self._report, cgroups=self.cgroups
+        )
         self._client: AsyncClient | None = None
         #: Unanswered reports in the order they were made, with error counts
         #: (a job's newer resize report replaces an older one).
         self._unacked: dict[tuple[str, int], tuple[JobEnded | JobResized, int]] = {}
         self._wake_sender = asyncio.Event()
+        self._beat_now = asyncio.Event()
+        self._told_trouble = False
         self._registered = False
         #: Whether the last request was answered (None: none sent yet); logs
         #: are written only when this changes.
         self._reachable: bool | None = None
 
     async def run(self) -> None:
+        raise_fd_limit()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         stop_on_signals(stop)
+        keep = asyncio.Event()
+
+        def keep_running() -> None:
+            keep.set()
+            stop.set()
+
+        loop.add_signal_handler(signal.SIGUSR2, keep_running)
         procfs.set_child_subreaper(True)
-        killed = procfs.kill_leftovers(self.name, str(self.paths.home))
+        self.tracker.start()
+        adopted, _ = self.tracker.recover()
+        spare = self.tracker.adopted_pids()
+        killed = procfs.kill_leftovers(self.name, str(self.paths.home), spare)
         if killed:
             log.warning("killed %d process(es) left by an earlier daemon", len(killed))
         self._client = AsyncClient(self.endpoint, self._on_message)
         self._client.start()
-        self.tracker.start()
         log.info(
-            "node %s (pid %d) serving CPUs %s, server %s",
+            "node %s (pid %d) serving CPUs %s, server %s; limits by %s; %d job(s) "
+            "re-adopted",
             self.name,
             os.getpid(),
             format_cpu_list(self.cpus),
             self.endpoint,
+            self.cgroups.describe(),
+            len(adopted),
         )
         tasks = [
             loop.create_task(self._heartbeats()),
@@ -149,8 +187,14 @@ class NodeDaemon:
         self.tracker.stopping = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._beat(), _FLUSH_S)
-        log.info("stopping: killing %d job(s)", len(self.tracker.running()))
-        await self.tracker.stop_all(JobResult.NODE_FAIL, "node daemon stopped")
+        if keep.is_set() and self.tracker.cgroups is not None:
+            kept = self.tracker.detach()
+            log.info("stopping: leaving %d job(s) running in their cgroups", len(kept))
+        else:
+            if keep.is_set():
+                log.warning("cannot keep jobs running without cgroups: killing them")
+            log.info("stopping: killing %d job(s)", len(self.tracker.running()))
+            await self.tracker.stop_all(JobResult.NODE_FAIL, "node daemon stopped")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._flush(), _FLUSH_S)
         for task in tasks:
@@ -158,6 +202,7 @@ class NodeDaemon:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.tracker.close()
         await self._client.close()
+        self.cgroups.close()  # kept jobs' cgroups keep it in place
         log.info("stopped")
 
     # ------------------------------------------------------------- server
@@ -187,7 +232,8 @@ class NodeDaemon:
             mem_kb=self.mem_kb,
             pid=os.getpid(),
             shared_cpus=self.shared_cpus,
-            running=self.tracker.running(),
+            running=self._claimed(),
+            enforcement=self.cgroups.describe(),
         )
 
     async def _call(self, body: Message) -> bool:
@@ -217,7 +263,9 @@ class NodeDaemon:
                 await self._beat()
             except Exception:
                 log.exception("heartbeat failed")
-            await asyncio.sleep(self._interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._beat_now.wait(), self._interval)
+            self._beat_now.clear()
 
     async def _beat(self) -> None:
         try:
@@ -225,12 +273,14 @@ class NodeDaemon:
                 if await self._call(self._hello()):
                     self._registered = True
                     log.info("registered with the server at %s", self.endpoint)
+                    notify_ready()
             elif not await self._call(
                 Heartbeat(
                     name=self.name,
-                    running=self.tracker.running(),
+                    running=self._claimed(),
                     usage=self.tracker.usage(),
                     stopping=self.tracker.stopping,
+                    trouble=self._trouble(),
                 )
             ):
                 return
@@ -245,9 +295,32 @@ class NodeDaemon:
         if self._registered:
             self._wake_sender.set()  # retry whatever is still unanswered
 
+    def _claimed(self) -> list[int]:
+        """The jobs to list as ours: running, or ended with the end report not
+        yet taken (the server must not think them lost, and queue them again,
+        before it hears how they ended)."""
+        ended = {job for kind, job in self._unacked if kind == "ended"}
+        return sorted(ended.union(self.tracker.running()))
+
+    def _trouble(self) -> str:
+        """The tracker's trouble, cleared once the spool takes writes again."""
+        if self.tracker.trouble:
+            spool = self.launcher.spool
+            with contextlib.suppress(OSError):
+                free = shutil.disk_usage(spool).free
+                if free > _SPOOL_FREE and os.access(spool, os.W_OK):
+                    log.info("the spool %s can be written again", spool)
+                    self.tracker.trouble = ""
+                    self._told_trouble = False
+        return self.tracker.trouble
+
     # ------------------------------------------------------------- reports
 
     def _report(self, report: Report) -> None:
+        if self.tracker.trouble and not self._told_trouble:
+            # Tell the server now, before it sends more jobs here.
+            self._told_trouble = True
+            self._beat_now.set()
         if isinstance(report, JobStarted):
             if self._client is not None:
                 self._client.notify(report)
@@ -278,6 +351,10 @@ class NodeDaemon:
                 if result is True:
                     del self._unacked[key]
                 elif isinstance(result, RemoteError):
+                    if result.code is ErrorCode.STORAGE:
+                        # The server could not save it (disk full): not the
+                        # report's fault; it is sent again until saved.
+                        continue
                     if errors + 1 >= _MAX_REPORT_ERRORS:
                         log.error("dropping %s: %s", report, result)
                         del self._unacked[key]
@@ -300,6 +377,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cpus", help="CPU ids this node owns, e.g. 0-3")
     p.add_argument("--mem", help="memory for jobs, e.g. 4gb (default: unlimited)")
     p.add_argument("--shared-cpus", help="CPU ids also used by other nodes, e.g. 0,1")
+    p.add_argument(
+        "--server",
+        default="",
+        help="the server on another host, tcp://HOST:PORT (CURVE keys in "
+        "$MB_HOME/keys; default: $MB_SERVER, [client] server, else this MB_HOME's)",
+    )
     p.add_argument(
         "--from-config",
         action="store_true",
@@ -335,7 +418,11 @@ def main(argv: list[str] | None = None) -> int:
         paths = Paths.from_env()
         config = mbconfig.load(paths)
         cpus, mem_kb, shared = node_settings(args, config)
-        daemon = NodeDaemon(args.name, cpus, mem_kb, shared, paths, config)
+        daemon = NodeDaemon(
+            args.name, cpus, mem_kb, shared, paths, config, server=args.server
+        )
+        if daemon.endpoint.startswith("tcp://"):
+            load_client(paths.keys)  # missing keys: one line now, not a traceback
     except (MinibatchError, OSError) as exc:
         log.error("mb-node %s cannot start: %s", args.name, exc)
         return 1

@@ -1,12 +1,19 @@
-"""Find policies by name through the ``minibatch.policies`` entry-point group.
+"""Find policies by name: the ``minibatch.policies`` entry points, and the names
+the configuration maps to ``module:callable`` (``[scheduler.policy_modules]``).
 
-Names are case-insensitive. ``module:Class`` is accepted too, so an experiment can
-load a policy that is not installed as a package.
+Names are case-insensitive. The daemons choose a policy by name only
+(:func:`load_named`): a name stands for code someone installed, or that the
+owner of ``minibatch.toml`` named, so an operator switching policies (``mb
+policy set``) picks among those and can never make the server or the scheduler,
+which may run as root, import a module of the operator's choosing.
+:func:`load` also takes ``module:callable`` itself, for code a user runs in
+their own process (the simulator, experiments before ``pip install``).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -16,25 +23,67 @@ from minibatch.policy.base import Policy
 GROUP = "minibatch.policies"
 
 
-def available() -> list[str]:
-    return sorted(ep.name.lower() for ep in entry_points(group=GROUP))
+def available(modules: Mapping[str, str] | None = None) -> list[str]:
+    """Installed policies' names and those of ``modules`` (the configuration's)."""
+    names = {ep.name.lower() for ep in entry_points(group=GROUP)}
+    return sorted(names | {name.lower() for name in modules or {}})
 
 
-def load(name: str, params: dict[str, Any] | None = None) -> Policy:
-    """Instantiate the policy called ``name`` with keyword ``params``."""
+def by_name_only(name: str) -> str:
+    """Why ``name`` cannot be chosen over the socket, or "" if it can."""
+    if ":" not in name:
+        return ""
+    return (
+        f"policies are chosen by name, not as module:callable ({name!r}); the "
+        "owner of minibatch.toml may give it one under [scheduler.policy_modules] "
+        f'(e.g. mine = "{name}"), then: mb policy set mine'
+    )
+
+
+def load_named(
+    name: str,
+    params: dict[str, Any] | None = None,
+    modules: Mapping[str, str] | None = None,
+) -> Policy:
+    """:func:`load`, refusing ``module:callable``: what the daemons load."""
+    refusal = by_name_only(name)
+    if refusal:
+        raise InvalidArgument(refusal)
+    return load(name, params, modules)
+
+
+def load(
+    name: str,
+    params: dict[str, Any] | None = None,
+    modules: Mapping[str, str] | None = None,
+) -> Policy:
+    """Instantiate the policy called ``name`` with keyword ``params``.
+
+    ``name`` is an installed policy's, one of ``modules`` (name ->
+    ``module:callable``; an installed policy of the same name wins), or a
+    ``module:callable`` itself.
+    """
     if ":" in name:
-        module, _, attr = name.partition(":")
-        cls = getattr(importlib.import_module(module), attr)
+        cls = _imported(name)
     else:
         registry = {ep.name.lower(): ep for ep in entry_points(group=GROUP)}
+        configured = {k.lower(): v for k, v in (modules or {}).items()}
         ep = registry.get(name.lower())
-        if ep is None:
+        if ep is not None:
+            cls = ep.load()
+        elif name.lower() in configured:
+            cls = _imported(configured[name.lower()])
+        else:
             raise InvalidArgument(
-                f"unknown policy {name!r} (available: {', '.join(available())})"
+                f"unknown policy {name!r} (available: {', '.join(available(modules))})"
             )
-        cls = ep.load()
     try:
         policy: Policy = cls(**(params or {}))
     except TypeError as exc:
         raise InvalidArgument(f"bad parameters for policy {name!r}: {exc}") from exc
     return policy
+
+
+def _imported(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)

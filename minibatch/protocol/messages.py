@@ -133,6 +133,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     pid: int | None = None
     features: list[str] = []
     gpus: int = 0
+    enforcement: str = ""
 
 
 class QueryNodes(_Msg, frozen=True, kw_only=True, tag="query_nodes"):
@@ -285,6 +286,8 @@ class PolicyInfo(_Msg, frozen=True, kw_only=True, tag="policy_info"):
     since: float = 0.0
     #: What the registered scheduler last said it runs.
     scheduler_policy: str = ""
+    #: Why the scheduler does not run ``name`` ("" when it does or may yet).
+    scheduler_refused: str = ""
     available: list[str] = []
 
 
@@ -310,6 +313,9 @@ class SchedHello(_Msg, frozen=True, kw_only=True, tag="sched_hello"):
 
     pid: int
     policy: str
+    #: The policy the server named that it keeps not running, and why (it
+    #: failed to load or to plan); "" when it runs the server's choice.
+    refused: str = ""
 
 
 class Wake(_Msg, frozen=True, kw_only=True, tag="wake"):
@@ -359,6 +365,8 @@ class NodeHello(_Msg, frozen=True, kw_only=True, tag="node_hello"):
     pid: int
     shared_cpus: list[int] = []
     running: list[int] = []
+    #: How the node enforces CPUs and memory ("cgroup v1", or why it cannot).
+    enforcement: str = ""
 
 
 class JobUsage(msgspec.Struct, frozen=True, array_like=True):
@@ -378,6 +386,8 @@ class Heartbeat(_Msg, frozen=True, kw_only=True, tag="heartbeat"):
     usage: list[JobUsage] = []
     #: The daemon is stopping: start nothing more here.
     stopping: bool = False
+    #: Why the node can start no job now (its spool is full), or "".
+    trouble: str = ""
 
 
 class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,8 +14,12 @@ snapshot that has since gone stale cannot over-allocate: stale starts are just
 rejected. The scheduler keeps no state between passes.
 
 The policy is the server's to choose (``mb policy set``): each wake and snapshot
-names it, and the scheduler loads a new one (``registry.load``) before the pass
-that first names it. The configuration's policy is only where it starts.
+names it, and the scheduler loads a new one by name (``registry.load_named``:
+never a ``module:callable`` the configuration does not name) before the pass
+that first names it. The configuration's policy is only where it starts. A
+choice that fails to load, or raises while planning, is refused: the scheduler
+goes back to the policy it ran before, logs why, and says why in its hello, so
+``mb policy show`` does too.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ import time
 from typing import Any
 
 from minibatch import config as configuration
-from minibatch.core.snapshot import ClusterSnapshot
-from minibatch.daemon import run_daemon
-from minibatch.errors import Unavailable
+from minibatch.core.snapshot import ClusterSnapshot, Plan
+from minibatch.daemon import notify_ready, run_daemon
+from minibatch.errors import RemoteError, Unavailable
 from minibatch.net.aio import AsyncClient
+from minibatch.net.limits import raise_fd_limit
 from minibatch.policy import registry
 from minibatch.policy.base import Policy
 from minibatch.protocol.messages import (
@@ -59,16 +64,27 @@ class Scheduler:
         policy_label: str,
         interval: float,
         params: dict[str, Any] | None = None,
+        modules: dict[str, str] | None = None,
     ) -> None:
         self.policy, self.policy_label = policy, policy_label
         self.params: dict[str, Any] = dict(params or {})
+        #: The configuration's names for policies (``[scheduler.policy_modules]``),
+        #: and its own choice, the one ``module:callable`` we may load as such.
+        self.modules = dict(modules or {})
+        self.configured = policy_label
+        #: What ran before the last switch, back in force if the new one raises.
+        self.previous: tuple[Policy, str, dict[str, Any]] | None = None
         self.interval = interval
         self.wanted = asyncio.Event()
         self.pushed: ClusterSnapshot | None = None
         self.client = AsyncClient(endpoint, self._on_message)
         self.passes = 0
-        #: A choice that failed to load here, so it is logged once, not per pass.
+        #: A choice refused here (it failed to load or to plan), so it is not
+        #: tried again at every wake, and why ("NAME: why", told in hellos).
         self._refused: tuple[str, dict[str, Any]] | None = None
+        self.refused_why = ""
+        #: A refusal the server has not heard of yet: say hello at once.
+        self._tell = False
 
     async def _on_message(self, msg: Message) -> None:
         if isinstance(msg, Wake):
@@ -83,24 +99,48 @@ class Scheduler:
         if (name, params) == self._refused:
             return
         try:
-            policy = registry.load(name, params)
+            if name == self.configured:
+                policy = registry.load(name, params, self.modules)
+            else:
+                policy = registry.load_named(name, params, self.modules)
         except Exception as exc:
             # The server loaded it before accepting it; failing here means the
             # two processes differ (e.g. a package installed in between).
-            self._refused = (name, params)
-            log.error(
-                "cannot switch to policy %s: %s; keeping %s",
-                name,
-                exc,
-                self.policy_label,
-            )
+            self._refuse(name, params, f"cannot load it ({exc})")
             return
         log.info("policy switched from %s to %s %s", self.policy_label, name, params)
+        self.previous = (self.policy, self.policy_label, self.params)
         self.policy, self.policy_label, self.params = policy, name, dict(params)
-        self._refused = None
+        self._refused, self.refused_why = None, ""
+
+    def _refuse(self, name: str, params: dict[str, Any], why: str) -> None:
+        self._refused = (name, params)
+        self.refused_why = f"{name}: {why}; running {self.policy_label}"
+        self._tell = True
+        log.error("policy %s refused: %s; keeping %s", name, why, self.policy_label)
+
+    def plan(self, snap: ClusterSnapshot) -> Plan:
+        """The policy's plan; if a newly chosen policy raises, the previous
+        one's (the failed choice is refused until the server names another)."""
+        try:
+            return self.policy.plan(snap)
+        except Exception as exc:
+            if self.previous is None:
+                raise
+            log.exception("policy %s failed to plan", self.policy_label)
+            failed = (self.policy_label, self.params)
+            self.policy, self.policy_label, self.params = self.previous
+            self.previous = None
+            self._refuse(*failed, f"it failed to plan ({type(exc).__name__}: {exc})")
+            return self.policy.plan(snap)
 
     async def hello(self) -> None:
-        await self.client.call(SchedHello(pid=os.getpid(), policy=self.policy_label))
+        self._tell = False
+        await self.client.call(
+            SchedHello(
+                pid=os.getpid(), policy=self.policy_label, refused=self.refused_why
+            )
+        )
 
     async def one_pass(self, snap: ClusterSnapshot | None = None) -> PlanResult:
         """Plan ``snap`` (or a snapshot fetched now) and send the plan back."""
@@ -111,7 +151,7 @@ class Scheduler:
         t0 = time.perf_counter()
         # Called inline, not in a thread: the scheduler has nothing else to do
         # meanwhile, and wakes that arrive during the pass just set the event.
-        plan = self.policy.plan(snap)
+        plan = self.plan(snap)
         elapsed = time.perf_counter() - t0
         result: PlanResult = await self.client.call(ApplyPlan(plan=plan))
         self.passes += 1
@@ -133,7 +173,8 @@ class Scheduler:
         registered = False
         last_pass = last_hello = time.monotonic()
         while not stop.is_set():
-            if not registered or time.monotonic() - last_hello >= HELLO_EVERY:
+            due = time.monotonic() - last_hello >= HELLO_EVERY
+            if not registered or self._tell or due:
                 try:
                     # Registering makes the server push a snapshot; repeating it
                     # every second is how a restarted server learns of us quickly.
@@ -148,6 +189,7 @@ class Scheduler:
             if not registered:
                 registered = True
                 log.info("registered with the server (policy %s)", self.policy_label)
+                notify_ready()  # again after a lost server: systemd ignores it
             await self._wait(stop)
             if stop.is_set():
                 break
@@ -163,6 +205,10 @@ class Scheduler:
                 await self.one_pass(snap)
             except Unavailable as exc:
                 log.warning("%s", exc)
+            except RemoteError as exc:
+                # The server refused the plan (its disk is full, say): it said
+                # why, and the next pass tries again.
+                log.warning("pass not applied: %s", exc)
             except Exception:
                 # A policy bug must not stop scheduling: log it and go on.
                 log.exception("pass failed")
@@ -180,15 +226,17 @@ class Scheduler:
 
 
 async def _serve(paths: configuration.Paths, stop: asyncio.Event) -> None:
+    raise_fd_limit()
     config = configuration.load(paths)
     sched = config.scheduler
-    policy = registry.load(sched.policy, sched.params)
+    policy = registry.load(sched.policy, sched.params, sched.policy_modules)
     scheduler = Scheduler(
         config.server_endpoint(paths),
         policy,
         sched.policy,
         sched.interval,
         params=sched.params,
+        modules=sched.policy_modules,
     )
     await scheduler.run(stop)
 

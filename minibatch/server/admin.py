@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from minibatch.core.job import JobState
-from minibatch.errors import NotFound
+from minibatch.errors import NotFound, PermissionDenied
 from minibatch.protocol.messages import (
     Diagnose,
     DiagnoseReply,
@@ -25,7 +25,13 @@ from minibatch.protocol.messages import (
     SetReservation,
 )
 from minibatch.server import booking
-from minibatch.server.access import Context, Handler, need_caller, need_operator
+from minibatch.server.access import (
+    Context,
+    Handler,
+    need_caller,
+    need_operator,
+    visible,
+)
 from minibatch.server.submit import Caller
 
 if TYPE_CHECKING:
@@ -75,17 +81,20 @@ def release_reservation(
     )
 
 
-def _policy_info(state: ServerState) -> PolicyInfo:
+def _policy_info(state: ServerState, ctx: Context) -> PolicyInfo:
     from minibatch.policy import registry
 
     choice = state.policy
+    refused = state.policy_refused
     return PolicyInfo(
         name=choice.name,
         params=choice.params,
         set_by=choice.set_by,
         since=choice.since,
         scheduler_policy=state.policy_name,
-        available=registry.available(),
+        # Only a refusal of the choice in force: an older one no longer matters.
+        scheduler_refused=refused if refused.startswith(f"{choice.name}:") else "",
+        available=registry.available(ctx.policy_modules),
     )
 
 
@@ -96,9 +105,16 @@ def set_policy(
     ident: bytes,
     msg: SetPolicy,
 ) -> Message:
+    from minibatch.policy import registry
+
     c = need_operator(ctx, caller, "change the scheduling policy")
-    booking.set_policy(state, msg.name, dict(msg.params), c.user)
-    return _policy_info(state)
+    # Never code named by a client: an operator is not root, and the server
+    # and the scheduler import what is chosen (and again at every restart).
+    refusal = registry.by_name_only(msg.name)
+    if refusal:
+        raise PermissionDenied(refusal)
+    booking.set_policy(state, msg.name, dict(msg.params), c.user, ctx.policy_modules)
+    return _policy_info(state, ctx)
 
 
 def get_policy(
@@ -108,7 +124,7 @@ def get_policy(
     ident: bytes,
     msg: GetPolicy,
 ) -> Message:
-    return _policy_info(state)
+    return _policy_info(state, ctx)
 
 
 def diagnose(
@@ -131,7 +147,9 @@ def diagnose(
         snapshot=snap,
         policy=state.policy.name,
         params=state.policy.params,
-        jobs=[j for j in jobs if j.state is not JobState.FINISHED],
+        jobs=[
+            visible(ctx, caller, j) for j in jobs if j.state is not JobState.FINISHED
+        ],
         fairshare=dict(ctx.fairshare),
     )
 

@@ -7,9 +7,10 @@ timer) publish ``minibatch/v1/reservations/<name>/<event>`` (``created started
 ended released``). A reservation that goes away cancels the pending jobs that
 were submitted into it, as PBS deletes a job whose dependency can never be met.
 
-Policy: :func:`set_policy` (``mb policy set``) loads the policy in this process
-first, so an unknown name or bad parameters are refused with one line, then
-stores the choice (it survives a restart), publishes it on
+Policy: :func:`set_policy` (``mb policy set``) loads the policy by name in this
+process and plans the current queue with it once, so an unknown name, bad
+parameters or a policy that raises are refused with one line and the previous
+policy stays; then it stores the choice (it survives a restart), publishes it on
 ``minibatch/v1/sched/policy`` and hands it to the scheduler with the next wake.
 """
 
@@ -31,7 +32,9 @@ from minibatch.errors import (
     NotFound,
     PermissionDenied,
 )
+from minibatch.policy.base import Policy
 from minibatch.protocol.messages import SetReservation
+from minibatch.server import views
 from minibatch.server.reservations import clock_text, place
 from minibatch.server.store import Store
 
@@ -65,18 +68,26 @@ def load_policy(store: Store, config: Config) -> PolicyChoice:
     if stored is None:
         return default
     try:
-        return msgspec.convert(stored, PolicyChoice)
-    except msgspec.ValidationError as exc:
+        choice = msgspec.convert(stored, PolicyChoice)
+        if choice.name != default.name:
+            # Loaded by name only, as when it was set: a choice saved before
+            # that rule, or whose name the configuration no longer maps to
+            # code, is not imported.
+            validate_policy(choice.name, choice.params, config.scheduler.policy_modules)
+        return choice
+    except (msgspec.ValidationError, InvalidArgument) as exc:
         log.warning("ignoring the stored policy (%s); using %s", exc, default.name)
         return default
 
 
-def validate_policy(name: str, params: dict[str, Any]) -> None:
-    """Load the policy here: InvalidArgument in one line if that fails."""
+def validate_policy(
+    name: str, params: dict[str, Any], modules: dict[str, str] | None = None
+) -> Policy:
+    """Load the policy by name here: InvalidArgument in one line if that fails."""
     from minibatch.policy import registry
 
     try:
-        registry.load(name, params)
+        return registry.load_named(name, params, modules)
     except InvalidArgument:
         raise
     except (ValueError, TypeError) as exc:
@@ -85,12 +96,28 @@ def validate_policy(name: str, params: dict[str, Any]) -> None:
         raise InvalidArgument(f"cannot load policy {name!r}: {exc}") from None
 
 
+def try_plan(state: ServerState, name: str, policy: Policy) -> None:
+    """Plan the current queue with ``policy`` once, and throw the plan away:
+    a policy that raises is refused now, with the previous one kept, rather
+    than found by the scheduler at its next pass."""
+    try:
+        policy.plan(views.snapshot(state, state.clock()))
+    except Exception as exc:
+        raise InvalidArgument(
+            f"policy {name!r} failed to plan the current queue "
+            f"({type(exc).__name__}: {exc}); keeping {state.policy.name}"
+        ) from None
+
+
 def set_policy(
-    state: ServerState, name: str, params: dict[str, Any], user: str
+    state: ServerState,
+    name: str,
+    params: dict[str, Any],
+    user: str,
+    modules: dict[str, str] | None = None,
 ) -> PolicyChoice:
-    validate_policy(name, params)
-    if ":" not in name:
-        name = name.lower()
+    try_plan(state, name, validate_policy(name, params, modules))
+    name = name.lower()
     choice = PolicyChoice(name=name, params=params, set_by=user, since=state.clock())
     state.policy = choice
     state.queue.upcoming.clear()  # the old policy's order

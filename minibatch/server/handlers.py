@@ -36,7 +36,13 @@ from minibatch.protocol.messages import (
     Submitted,
 )
 from minibatch.server import admin, jobops, liveness, malleable, requeue
-from minibatch.server.access import Context, Handler, need_caller, need_daemon
+from minibatch.server.access import (
+    Context,
+    Handler,
+    need_caller,
+    need_daemon,
+    visible,
+)
 from minibatch.server.state import ServerState
 from minibatch.server.submit import Caller
 
@@ -101,7 +107,7 @@ def query_jobs(
         jobs.sort(key=lambda j: j.id)
     for job in jobs:
         state.explain(job)
-    return JobList(jobs=jobs)
+    return JobList(jobs=[visible(ctx, caller, job) for job in jobs])
 
 
 def job_control(
@@ -251,6 +257,7 @@ def sched_hello(
 ) -> Message:
     need_daemon(ctx, caller)
     state.policy_name = msg.policy  # what it runs now (it may have switched)
+    state.policy_refused = msg.refused
     if (state.scheduler, state.scheduler_pid) == (ident, msg.pid):
         return Ok()  # the same scheduler checking in: nothing else changes
     state.scheduler, state.scheduler_pid = ident, msg.pid
@@ -351,6 +358,14 @@ def job_ended(
 ) -> Message:
     need_daemon(ctx, caller)
     job = state.jobs.get(msg.job)
+    if job is not None and job.alloc:
+        sender = state.nodes.named_by_route(ident)
+        if sender is not None and sender != job.alloc[0].node:
+            # Only the job's own node can say how it ended.
+            raise PermissionDenied(
+                f"node {sender} reported the end of job {job.display_id}, "
+                f"which runs on {job.alloc[0].node}"
+            )
     if (
         job is not None
         and job.state in ACTIVE_STATES

@@ -47,6 +47,7 @@ from minibatch.server.access import (
     may_control,
     need_caller,
     need_operator,
+    visible,
 )
 from minibatch.server.queues import check_limits
 from minibatch.server.submit import Caller
@@ -293,7 +294,7 @@ def trace_job(
         for job in jobs
         for t, event, detail in state.store.events_of(job.id)
     ]
-    return JobTrace(jobs=jobs, events=events)
+    return JobTrace(jobs=[visible(ctx, caller, job) for job in jobs], events=events)
 
 
 HANDLERS: dict[type, Handler] = {

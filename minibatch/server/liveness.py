@@ -3,13 +3,17 @@
 A node daemon says hello with its CPUs, memory and the jobs it still runs, then
 sends heartbeats. The server reconciles what it believes with what the node says:
 
-* a node whose daemon restarted (new pid) lost its jobs: they end ``node_fail``;
+* a node whose daemon restarted (new pid) re-adopted the jobs it lists (their
+  cgroups outlived the old daemon); the others were killed before the hello, so
+  they go back to the queue when rerunnable, else end ``node_fail``;
 * the same daemon re-registering (the server restarted) keeps its jobs: any that
   ended meanwhile arrive as re-sent ``JobEnded`` reports;
 * a job a node stops listing for :data:`~minibatch.server.state.LOST_AFTER_MISSES`
-  heartbeats in a row, with no end report, was lost: ``node_fail``;
+  heartbeats in a row, with no end report, was lost: requeued or ``node_fail``;
 * a job a node runs that the server does not know is killed;
-* a node silent for ``node_timeout`` seconds is down and its jobs end ``node_fail``.
+* a node silent for ``node_timeout`` seconds is down. Its jobs stay as they are:
+  only its daemon can say their processes are gone, and when it returns it
+  re-adopts or kills them and says which (``qdel`` ends such a job at once).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 from minibatch.core.job import ACTIVE_STATES, JobResult
 from minibatch.errors import NotFound
 from minibatch.protocol.messages import Heartbeat, Kill, NodeHello
-from minibatch.server import malleable
+from minibatch.server import malleable, requeue
 from minibatch.server.nodes import Node
 from minibatch.server.state import LOST_AFTER_MISSES, ServerState
 
@@ -42,15 +46,15 @@ def hello(state: ServerState, msg: NodeHello, route: bytes) -> None:
     node.pid, node.up, node.last_heartbeat = msg.pid, True, now
     node.route = route
     node.misses = {}
-    node.stopping = False
+    node.stopping, node.trouble = False, ""
+    node.enforcement = msg.enforcement
     state.store.put_node(node)
     reported = set(msg.running)
     for jid in sorted(_jobs_on(state, node)):
         job = state.jobs.get(jid)
         if job is not None and restarted and jid not in reported:
-            state.job_ended(
-                job, JobResult.NODE_FAIL, comment=f"node {node.name} restarted"
-            )
+            why = f"node {node.name} restarted; the job's processes were gone"
+            requeue.lost(state, job, why)
     for jid in sorted(reported - _jobs_on(state, node)):
         state.outbox.append((node.route, Kill(job=jid, result=JobResult.CANCELLED)))
     malleable.resend(state, node)
@@ -69,6 +73,11 @@ def heartbeat(state: ServerState, msg: Heartbeat, route: bytes) -> None:
         node.stopping = True  # start nothing more here (mb down)
         state.publish_node(node)
         state.changed()
+    if msg.trouble != node.trouble:
+        node.trouble = msg.trouble  # a full spool: offline until it clears
+        state.store.put_node(node)
+        state.publish_node(node)
+        state.changed()
     for use in msg.usage:
         # Live resources_used for qstat; stored with the job's next change or
         # end, not at every heartbeat.
@@ -84,9 +93,7 @@ def heartbeat(state: ServerState, msg: Heartbeat, route: bytes) -> None:
             continue
         node.misses[jid] = node.misses.get(jid, 0) + 1
         if node.misses[jid] >= LOST_AFTER_MISSES:
-            state.job_ended(
-                job, JobResult.NODE_FAIL, comment=f"node {node.name} lost the job"
-            )
+            requeue.lost(state, job, f"node {node.name} lost the job")
     for jid in sorted(reported - _jobs_on(state, node)):
         state.outbox.append((node.route, Kill(job=jid, result=JobResult.CANCELLED)))
 
@@ -99,22 +106,12 @@ def set_offline(state: ServerState, node: Node, offline: bool, comment: str) -> 
 
 
 def check_nodes(state: ServerState, timeout: float) -> None:
-    """Declare silent nodes down and fail the jobs they held."""
+    """Declare silent nodes down (their jobs wait for the daemon's word)."""
     now = state.clock()
     for node in state.nodes.nodes.values():
         silent = node.last_heartbeat is None or now - node.last_heartbeat > timeout
-        if not silent:
-            continue
-        if node.up:
+        if silent and node.up:
             node.up = False
             state.store.put_node(node)
             state.publish_node(node)
             state.changed()
-        for jid in sorted(_jobs_on(state, node)):
-            job = state.jobs.get(jid)
-            if job is not None and job.state in ACTIVE_STATES:
-                state.job_ended(
-                    job,
-                    JobResult.NODE_FAIL,
-                    comment=f"node {node.name} stopped responding",
-                )

@@ -57,18 +57,22 @@ class Node(msgspec.Struct, kw_only=True):
     route: bytes = b""
     #: Its daemon said it is stopping (``mb down``): nothing more starts here.
     stopping: bool = False
+    #: How its daemon enforces CPUs and memory (``cgroup v1``, or why not).
+    enforcement: str = ""
+    #: Why its daemon can start no job now (a full spool), or "": offline.
+    trouble: str = ""
 
     @property
     def state(self) -> NodeState:
         if not self.up or self.stopping:
             return NodeState.DOWN
-        if self.offline:
+        if self.offline or self.trouble:
             return NodeState.OFFLINE
         return NodeState.BUSY if len(self.used) >= len(self.cpus) else NodeState.FREE
 
     @property
     def usable(self) -> bool:
-        return self.up and not self.offline and not self.stopping
+        return self.up and not self.offline and not self.stopping and not self.trouble
 
     def free_cpus(self) -> list[int]:
         return [c for c in self.cpus if c not in self.used]
@@ -106,11 +110,12 @@ class Node(msgspec.Struct, kw_only=True):
             mem_kb=self.mem_kb,
             jobs=jobs,
             shared_cpus=self.shared_cpus,
-            comment=self.comment,
+            comment=self.comment or self.trouble,
             last_heartbeat=self.last_heartbeat,
             pid=self.pid,
             features=self.features,
             gpus=self.gpus,
+            enforcement=self.enforcement,
         )
 
 
@@ -138,6 +143,12 @@ class NodeRegistry:
         self.features = features or {}
         for node in nodes:
             self.configure(node)
+
+    def named_by_route(self, route: bytes) -> str | None:
+        """The node whose daemon's connection is ``route``, if any."""
+        if not route:
+            return None
+        return next((n.name for n in self.nodes.values() if n.route == route), None)
 
     def configure(self, node: Node) -> None:
         """Give ``node`` the GPUs and features the config names for it."""

@@ -92,6 +92,16 @@ def back_to_queue(
     state.changed()
 
 
+def lost(state: ServerState, job: Job, comment: str) -> None:
+    """The job's node lost it (its daemon restarted and its processes are gone,
+    or its daemon stopped listing it): queued again when it never started or may
+    be rerun, else it ends ``node_fail``."""
+    if job.session_id is None or job.options.rerunnable:
+        back_to_queue(state, job, JobResult.NODE_FAIL, None, comment)
+    else:
+        state.job_ended(job, JobResult.NODE_FAIL, comment=comment)
+
+
 def stopped_node(state: ServerState, job: Job, ended: JobEnded) -> None:
     """The job's node stopped (``mb down``) under it or refused to start it: it
     goes back to the queue when it never started or may be rerun (PBS's ``-r

@@ -1,14 +1,20 @@
 """mb-server: the asyncio shell around :class:`~minibatch.server.state.ServerState`.
 
-One ROUTER socket serves everyone: commands, the scheduler and the node daemons.
+One ROUTER socket serves everyone: commands, the scheduler and the node daemons
+(on its ipc endpoint, and with CURVE on the tcp ones of ``[server] listen``).
 The loop takes every request already waiting (up to :data:`BATCH`), handles them,
 commits the resulting writes in **one** transaction, and only then sends replies,
 daemon messages, MQTT events and the scheduler's wake-up. Acknowledged means
 committed, and a burst of submissions costs one commit rather than one each.
+A commit that fails (a full disk) sends none of that: the state goes back to the
+database's (:mod:`~minibatch.server.rollback`) and the requests that wrote are
+answered with the error at once; the others are handled again and answered.
 
 Nothing a client sends can stop the loop: malformed frames get an error reply,
 handler errors become coded error replies, and unexpected exceptions are logged
-with their traceback and answered with ``INTERNAL``.
+with their traceback and answered with ``INTERNAL``. Log lines about either are
+rate-limited, so that no client can fill the disk through the log; the socket
+caps message sizes and each user's connections (:mod:`minibatch.net.guard`).
 """
 
 from __future__ import annotations
@@ -23,17 +29,22 @@ from collections.abc import Sequence
 import zmq
 
 from minibatch import config as configuration
-from minibatch.daemon import run_daemon
-from minibatch.errors import ErrorCode, MinibatchError, ProtocolError
+from minibatch.daemon import notify_ready, run_daemon
+from minibatch.errors import ErrorCode, MinibatchError, ProtocolError, StorageError
+from minibatch.events import credentials as mqtt_credentials
 from minibatch.events.publisher import EventPublisher
+from minibatch.net.curve import CurveServer
 from minibatch.net.driver import Frames, SocketDriver
+from minibatch.net.guard import listen
+from minibatch.net.ratelog import RateLimitedLog
 from minibatch.protocol import decode, encode
-from minibatch.protocol.messages import Error
-from minibatch.server import booking, dispatch, liveness, mail
+from minibatch.protocol.messages import Error, Submit
+from minibatch.server import acctlog, booking, dispatch, liveness, mail, rollback
+from minibatch.server.access import need_remote_allowed
 from minibatch.server.handlers import HANDLERS, Context
 from minibatch.server.state import ServerState
 from minibatch.server.store import Store
-from minibatch.server.submit import parse_peer
+from minibatch.server.submit import check_sizes, parse_peer, remote_caller
 
 log = logging.getLogger("minibatch.server")
 
@@ -41,6 +52,9 @@ log = logging.getLogger("minibatch.server")
 BATCH = 512
 #: Seconds after a reservation boundary that its pass runs (so it sees the change).
 BOUNDARY_SLACK = 0.005
+#: Seconds before the scheduler is woken after a failed commit: its pass would
+#: fail the same way at once while the disk stays full.
+WAKE_AFTER_FAILURE = 1.0
 
 
 class Server:
@@ -63,14 +77,25 @@ class Server:
                 "depth": fs.depth,
                 "decay": fs.decay,
             },
+            policy_modules=dict(config.scheduler.policy_modules),
         )
-        self.publisher = EventPublisher(url, config.mqtt.topic_prefix)
+        self.publisher = EventPublisher(
+            url,
+            config.mqtt.topic_prefix,
+            credentials=mqtt_credentials.read(paths.mqtt_credentials),
+        )
         self.mailer = mail.Mailer(config.server.sendmail)
+        self.acctlog = acctlog.AccountingFile(paths.state / "accounting")
         self.host = os.uname().nodename
         self.driver: SocketDriver | None = None
+        #: The tcp endpoints of ``[server] listen``, when there are any.
+        self.tcp: CurveServer | None = None
+        self.complaints = RateLimitedLog(log, "malformed requests and connections")
+        self.bugs = RateLimitedLog(log, "internal errors")
         self.coalesce = config.scheduler.coalesce_ms / 1000
         self.full_coalesce = config.scheduler.full_coalesce_ms / 1000
         self._last_wake = 0.0
+        self.trouble = rollback.CommitTrouble(log)
         self._wake_timer: asyncio.TimerHandle | None = None
         self._wake_due = 0.0
         #: The next reservation start or end, and the timer armed for it.
@@ -92,25 +117,52 @@ class Server:
                 err = ProtocolError(f"{type(env.body).__name__} is not a request")
                 err.code = ErrorCode.UNKNOWN_TYPE
                 raise err
+            if isinstance(env.body, Submit):
+                limits = self.config.server
+                check_sizes(
+                    env.body.spec, limits.max_script_bytes, limits.max_env_bytes
+                )
             caller = parse_peer(str(frames[1].get("Peer-Address")))
+            if caller is None and self.tcp is not None:
+                # No peer credentials: a tcp client, known by its CURVE key.
+                key = self.tcp.entry(frames[1])
+                caller = remote_caller(key.kind, key.name)
+                need_remote_allowed(self.state, caller, env.body)
+            self.state.requestor = caller
             reply = handler(self.state, self.ctx, caller, frames[0].bytes, env.body)
+        except ProtocolError as exc:
+            self.complaints.warning("%s (from %s)", exc, _sender(frames))
+            reply = Error(code=int(exc.code), message=str(exc))
         except MinibatchError as exc:
             reply = Error(code=int(exc.code), message=str(exc))
         except Exception as exc:
-            log.exception("request failed")
+            self.bugs.error("request failed", exc_info=True)
             reply = Error(
                 code=int(ErrorCode.INTERNAL), message=f"internal error: {exc}"
             )
+        finally:
+            self.state.requestor = None
         return None if reply is None else encode(reply, re=rid)
 
-    def flush(self, replies: Sequence[tuple[bytes, bytes | None]] = ()) -> None:
+    def flush(self, replies: Sequence[tuple[bytes, bytes | None]] = ()) -> Error | None:
         """Start what the last plan has next, commit, then send ``replies`` and
-        perform everything the state queued."""
+        perform everything the state queued.
+
+        If the commit fails nothing is sent: the state goes back to the
+        database's and the error for the requests that wrote is returned.
+        """
         state = self.state
         if state.freed:
             state.freed = False
             dispatch.start_upcoming(state)
-        state.store.commit()
+        wrote = state.store.dirty
+        try:
+            state.store.commit()
+        except Exception as exc:
+            return self._roll_back(exc)
+        if wrote:  # only a real commit says the disk works again
+            self.trouble.recovered()
+        self.acctlog.write(state.accounting.take())
         for identity, reply in replies:
             if reply is not None:
                 self._send(identity, reply)
@@ -125,6 +177,28 @@ class Server:
         state.mail.clear()
         self._wake_scheduler()
         self._arm_boundary()
+        return None
+
+    def _roll_back(self, exc: Exception) -> Error:
+        if isinstance(exc, StorageError):
+            self.trouble.failure(exc)
+            error = Error(code=int(exc.code), message=str(exc))
+        else:  # a bug (a record that does not encode): nothing was kept either
+            log.exception("commit failed")
+            error = Error(
+                code=int(ErrorCode.INTERNAL), message=f"internal error: {exc}"
+            )
+        try:
+            self.state = rollback.restore(self.state, self.config)
+        except Exception:
+            # Serving a state the database does not hold would break the promise
+            # that acknowledged means committed (and the reverse): stop instead.
+            log.critical("cannot reload the state after a failed commit", exc_info=True)
+            raise SystemExit(1) from None
+        self._last_wake = time.monotonic() + WAKE_AFTER_FAILURE
+        self._wake_scheduler()
+        self._arm_boundary()
+        return error
 
     def _arm_boundary(self) -> None:
         """Keep a timer on the next reservation start or end: a pass is due then
@@ -188,17 +262,56 @@ class Server:
             self.driver.send([identity, data])
 
     def on_batch(self, batch: list[Frames]) -> None:
-        """Handle every waiting request, commit once, then reply."""
-        self.flush([(frames[0].bytes, self.handle(frames)) for frames in batch])
+        """Handle every waiting request, commit once, then reply.
+
+        When the commit fails, each request that wrote something is answered
+        with the error (a notification, with nothing). The others changed
+        nothing: they are handled again on the restored state, so that a qstat
+        beside a refused qsub does not show its job, and answered as usual.
+        """
+        while batch:
+            handled = [self._handle_noting_writes(frames) for frames in batch]
+            error = self.flush([(f[0].bytes, reply) for f, reply, _ in handled])
+            if error is None:
+                return
+            again = [frames for frames, _, wrote in handled if not wrote]
+            if len(again) == len(batch):
+                # Only the server's own writes failed (upcoming starts), made
+                # after these replies: they describe what the database holds.
+                for frames, reply, _ in handled:
+                    if reply is not None:
+                        self._send(frames[0].bytes, reply)
+                return
+            for frames, reply, wrote in handled:
+                if reply is not None and wrote:
+                    # The reply is ours, so it decodes; it has the request's id.
+                    self._send(frames[0].bytes, encode(error, re=decode(reply).re))
+            batch = again
+
+    def _handle_noting_writes(
+        self, frames: Frames
+    ) -> tuple[Frames, bytes | None, bool]:
+        """:meth:`handle`, and whether the request queued a database write."""
+        store = self.state.store
+        before = store.writes
+        reply = self.handle(frames)
+        return frames, reply, store.writes != before
 
     async def serve(self, stop: asyncio.Event) -> None:
-        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.bind(self.endpoint)
+        limits = self.config.server
+        sock, guard = listen(
+            self.endpoint,
+            max_message_bytes=limits.max_message_bytes,
+            per_user=limits.max_connections_per_user,
+            complaints=self.complaints,
+        )
         if self.endpoint.startswith("ipc://"):
             # Any local user may submit; identity comes from peer credentials.
             os.chmod(self.endpoint[len("ipc://") :], 0o777)
+        if limits.listen:  # after the ipc bind: see minibatch.net.curve
+            self.tcp = CurveServer(sock, limits.listen, self.paths.server_keys)
         self.driver = SocketDriver(sock, self.on_batch, BATCH)
+        guard.start()
         log.info(
             "serving on %s (%d active jobs, %d reservations, policy %s)",
             self.endpoint,
@@ -208,6 +321,7 @@ class Server:
         )
         booking.tick(self.state)  # reservations that ended while we were down
         self.flush()
+        notify_ready()
         tasks = [
             asyncio.create_task(self.publisher.run()),
             asyncio.create_task(self._watch_nodes()),
@@ -220,8 +334,12 @@ class Server:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self.state.store.commit()
+        with contextlib.suppress(StorageError):  # queued writes were not acknowledged
+            self.state.store.commit()
+        guard.close()
         self.driver.close()
+        if self.tcp is not None:
+            self.tcp.close()
         if self.endpoint.startswith("ipc://"):
             # No socket file tells the commands at once that no server is up.
             with contextlib.suppress(FileNotFoundError):
@@ -238,6 +356,14 @@ class Server:
             self.state.begin_due()
             # Also retries a wake held back by a plan that never came back.
             self.flush()
+
+
+def _sender(frames: Frames) -> str:
+    """Who sent ``frames``, for a log line."""
+    caller = None
+    with contextlib.suppress(zmq.ZMQError):
+        caller = parse_peer(str(frames[-1].get("Peer-Address")))
+    return "an unknown peer" if caller is None else f"uid {caller.uid} pid {caller.pid}"
 
 
 async def _serve(paths: configuration.Paths, stop: asyncio.Event) -> None:

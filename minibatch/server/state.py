@@ -35,6 +35,7 @@ from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import Kill, Launch, Message, Wake
 from minibatch.server import admission, booking, mail, malleable, requeue, views
+from minibatch.server.acctlog import Pending
 from minibatch.server.history import UsageHistory
 from minibatch.server.nodes import Node, NodeRegistry
 from minibatch.server.qos import QosTable
@@ -64,10 +65,13 @@ class ServerState:
         self.dependents: dict[int, set[int]] = {}
         self.next_id = store.next_id()
         self.generation = 0
+        # Facts about connections, not stored: a failed commit's rollback keeps
+        # them (rollback.restore lists them; a new one belongs there too).
         self.scheduler: bytes | None = None
         self.scheduler_pid: int | None = None
-        #: The policy the scheduler says it runs.
+        #: The policy the scheduler says it runs, and why it refused ours ("").
         self.policy_name = ""
+        self.policy_refused = ""
         #: The policy it should run: ``mb policy set``, else the configuration's.
         self.policy = booking.load_policy(store, config)
         self.qos = QosTable(config)
@@ -84,6 +88,10 @@ class ServerState:
         self.snapshot_time = 0.0
         self.outbox: list[tuple[bytes, Message]] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
+        #: PBS accounting records, written by the service once committed.
+        self.accounting = Pending()
+        #: Who sent the request being handled (None between requests).
+        self.requestor: Caller | None = None
         #: State changed since the scheduler's last snapshot.
         self.wake = False
         #: A job released its CPUs: the plan's upcoming jobs may start.
@@ -197,6 +205,7 @@ class ServerState:
         self.events.append(
             (f"jobs/{job.display_id}/{event}", job_event(job, event, now, detail))
         )
+        self.accounting.event(job, event, now)
 
     def publish_node(self, node: Node) -> None:
         self.events.append(
@@ -323,6 +332,14 @@ class ServerState:
 
     def cancel(self, job: Job, comment: str = "cancelled by qdel") -> None:
         job.rerun_pending = False  # a qdel after a qrerun ends the job
+        self.accounting.deleted(job, self.clock(), self.requestor)
+        node = self.nodes.nodes.get(job.alloc[0].node) if job.alloc else None
+        if job.state in ACTIVE_STATES and node is not None and not node.up:
+            # Nobody can answer the Kill now; its returning daemon kills what is
+            # left, since the job is no longer running here.
+            why = f"{comment}; node {node.name} is down: its daemon kills the rest"
+            self.job_ended(job, JobResult.CANCELLED, comment=why)
+            return
         if job.state in PENDING_STATES:
             self._finish(job, JobResult.CANCELLED, comment=comment)
         elif job.state is JobState.RUNNING:

@@ -12,11 +12,22 @@ Writes are queued and committed together by :meth:`Store.commit`: the server
 handles a batch of requests, commits once, and only then replies. With WAL and
 ``synchronous=NORMAL`` a commit survives a crash (SIGKILL) of the server process;
 ``synchronous=FULL`` also survives a power cut, at the cost of an fsync per commit.
+
+A commit that fails (disk full, read-only file system, I/O error) raises
+:class:`~minibatch.errors.StorageError` naming the cause, with the transaction
+rolled back; :meth:`Store.discard` then drops the queued writes, and the service
+rebuilds its state from what the database has (``rollback.py``). Queries never
+commit: they read the database plus the writes still queued, so a batch is
+written all at once or not at all.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +35,7 @@ import msgspec
 
 from minibatch.core.job import Job
 from minibatch.core.reservation import Reservation
+from minibatch.errors import StorageError
 from minibatch.server.nodes import Node
 
 _SCHEMA = """
@@ -50,12 +62,35 @@ _node = msgspec.msgpack.Decoder(Node)
 _resv = msgspec.msgpack.Decoder(Reservation)
 
 
+def _ended(job: Job) -> tuple[float, int]:
+    """Accounting's order of finished jobs (its ``end_time`` column, then id)."""
+    return (job.end_time or 0.0, job.id)
+
+
+#: SQLite's primary result codes for a database that cannot be written, in words.
+_CAUSES = {
+    sqlite3.SQLITE_FULL: os.strerror(errno.ENOSPC),
+    sqlite3.SQLITE_READONLY: "read-only database or file system",
+    sqlite3.SQLITE_IOERR: os.strerror(errno.EIO),
+}
+
+
+def failure_cause(exc: sqlite3.Error | OSError) -> str:
+    """Why a write failed, in words (``No space left on device``)."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    code = getattr(exc, "sqlite_errorcode", None)
+    # Extended codes (SQLITE_IOERR_WRITE, ...) carry the primary in the low byte.
+    return _CAUSES.get(code & 0xFF, str(exc)) if code is not None else str(exc)
+
+
 class Store:
     def __init__(self, path: Path, synchronous: str = "normal") -> None:
         if synchronous.lower() not in ("normal", "full"):
             raise ValueError(
                 f"sqlite_synchronous must be normal or full, not {synchronous!r}"
             )
+        self.path = path
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
@@ -69,6 +104,9 @@ class Store:
         self._resv: dict[str, Reservation | None] = {}
         self._settings: dict[str, Any] = {}
         self._counters: dict[str, int] = {}
+        #: Writes queued so far: the service compares it around each request to
+        #: learn which requests wrote something.
+        self.writes = 0
 
     # ------------------------------------------------------------- loading
 
@@ -106,31 +144,40 @@ class Store:
     # ------------------------------------------------------ queued writes
 
     def put_job(self, job: Job) -> None:
+        self.writes += 1
         self._jobs[job.id] = job
 
     def finish_job(self, job: Job) -> None:
+        self.writes += 1
         self._jobs.pop(job.id, None)
         self._finished[job.id] = job
 
     def put_node(self, node: Node) -> None:
+        self.writes += 1
         self._nodes[node.name] = node
 
     def event(self, job: int, time: float, event: str, detail: str = "") -> None:
+        self.writes += 1
         self._events.append((job, time, event, detail))
 
     def set_next_id(self, value: int) -> None:
+        self.writes += 1
         self._next_id = value
 
     def set_counter(self, key: str, value: int) -> None:
+        self.writes += 1
         self._counters[key] = value
 
     def put_reservation(self, resv: Reservation) -> None:
+        self.writes += 1
         self._resv[resv.name] = resv
 
     def delete_reservation(self, name: str) -> None:
+        self.writes += 1
         self._resv[name] = None
 
     def put_setting(self, key: str, value: Any) -> None:
+        self.writes += 1
         self._settings[key] = value
 
     @property
@@ -146,12 +193,13 @@ class Store:
         ) or (self._next_id is not None)
 
     def commit(self) -> None:
-        """Write everything queued in one transaction."""
+        """Write everything queued in one transaction, or raise StorageError
+        having written none of it (the writes stay queued: see :meth:`discard`)."""
         if not self.dirty:
             return
         db = self._db
-        db.execute("BEGIN")
         try:
+            db.execute("BEGIN")
             if self._next_id is not None:
                 db.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES ('next_id', ?)",
@@ -187,9 +235,24 @@ class Store:
                 )
             self._commit_extras(db)
             db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
+        except BaseException as exc:
+            # SQLite rolls back by itself after some errors (SQLITE_FULL): a
+            # second ROLLBACK would fail and hide the cause.
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error | OSError):
+                cause = failure_cause(exc)
+                raise StorageError(
+                    f"cannot save the change: {cause} ({self.path}); "
+                    "nothing was changed",
+                    cause,
+                ) from exc
             raise
+        self.discard()
+
+    def discard(self) -> None:
+        """Forget the queued writes (after a failed commit: they are not kept)."""
         self._jobs.clear()
         self._finished.clear()
         self._nodes.clear()
@@ -219,7 +282,8 @@ class Store:
         )
 
     # ----------------------------------------------------------- queries
-    # Each query commits queued writes first, so it sees what this batch changed.
+    # Each query sees what this batch changed without committing it: it adds the
+    # finished jobs and events still queued to what the database returns.
 
     def finished_jobs(
         self,
@@ -227,7 +291,6 @@ class Store:
         user: str | None = None,
         since: float | None = None,
     ) -> list[Job]:
-        self.commit()
         sql = "SELECT data FROM accounting"
         where: list[str] = []
         args: list[Any] = []
@@ -243,25 +306,51 @@ class Store:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id"
-        return [_job.decode(r[0]) for r in self._db.execute(sql, args)]
+        stored = [_job.decode(r[0]) for r in self._db.execute(sql, args)]
+        return self._with_queued(
+            stored,
+            lambda j: (
+                (ids is None or j.id in ids)
+                and (user is None or j.user == user)
+                and (since is None or (j.end_time or 0.0) >= since)
+            ),
+        )
+
+    def _with_queued(self, stored: list[Job], keep: Callable[[Job], bool]) -> list[Job]:
+        """``stored`` (by id) with the queued finished jobs ``keep`` accepts."""
+        queued = [j for j in self._finished.values() if keep(j)]
+        if not queued:
+            return stored
+        by_id = {j.id: j for j in stored}
+        by_id.update((j.id, j) for j in queued)
+        return sorted(by_id.values(), key=lambda j: j.id)
 
     def latest_per_user(self, limit: int) -> list[Job]:
         """Each user's ``limit`` most recently finished jobs, oldest first."""
-        self.commit()
         rows = self._db.execute(
             "SELECT data FROM (SELECT data, end_time, id, ROW_NUMBER() OVER"
             " (PARTITION BY user ORDER BY end_time DESC, id DESC) AS n"
             " FROM accounting) WHERE n <= ? ORDER BY end_time, id",
             (limit,),
         )
-        return [_job.decode(r[0]) for r in rows]
+        jobs = [_job.decode(r[0]) for r in rows]
+        if not self._finished:
+            return jobs
+        by_id = {j.id: j for j in jobs}
+        by_id.update(self._finished)
+        newest: dict[str, list[Job]] = {}
+        for job in sorted(by_id.values(), key=_ended, reverse=True):
+            kept = newest.setdefault(job.user, [])
+            if len(kept) < limit:
+                kept.append(job)
+        return sorted((j for kept in newest.values() for j in kept), key=_ended)
 
     def finished_in_array(self, array_id: int) -> list[Job]:
-        self.commit()
         rows = self._db.execute(
             "SELECT data FROM accounting WHERE array_id = ? ORDER BY id", (array_id,)
         )
-        return [_job.decode(r[0]) for r in rows]
+        stored = [_job.decode(r[0]) for r in rows]
+        return self._with_queued(stored, lambda j: j.array_id == array_id)
 
     def is_finished(self, job_id: int) -> Job | None:
         if job_id in self._finished:
@@ -272,13 +361,13 @@ class Store:
         return _job.decode(row[0]) if row else None
 
     def events_of(self, job_id: int) -> list[tuple[float, str, str]]:
-        self.commit()
-        return list(
+        stored = list(
             self._db.execute(
                 "SELECT time, event, detail FROM job_events WHERE job = ? ORDER BY seq",
                 (job_id,),
             )
         )
+        return stored + [(t, e, d) for j, t, e, d in self._events if j == job_id]
 
     def close(self) -> None:
         self._db.close()

@@ -1,8 +1,8 @@
 """Turning a client's :class:`JobSpec` into job records, or refusing it.
 
 Everything here is checked before anything changes: a refused submission leaves no
-trace. Identity (user, uid, gid) comes from the socket's peer credentials, never
-from the message.
+trace. Identity (user, uid, gid) comes from the socket's peer credentials, or on
+tcp from the CURVE key the client was registered with, never from the message.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from minibatch.core.job import Job, JobSpec, JobState
 from minibatch.core.resize import check_range
-from minibatch.errors import InvalidArgument
+from minibatch.errors import InvalidArgument, PermissionDenied
+from minibatch.protocol.fields import check_spec_text, shown
 
 MAX_ARRAY = 100_000
 MAX_WALLTIME = 365 * 86400
@@ -26,6 +27,12 @@ class Caller:
     uid: int
     gid: int
     pid: int
+    #: A tcp client, known by its registered CURVE key (:func:`remote_caller`):
+    #: never a daemon of this host, nor an operator unless ``server.operators``
+    #: names its user.
+    remote: bool = False
+    #: For a node daemon's key: the one node it may speak for.
+    node: str | None = None
 
     @property
     def user(self) -> str:
@@ -51,17 +58,43 @@ def parse_peer(address: str | None) -> Caller | None:
 
     libzmq reads SO_PEERCRED when an ipc connection is accepted and appends
     ``:uid:gid:pid`` to the peer address; a tcp peer has none (returns None).
+    A tcp peer's address has no colon (IPv4) or more than three (IPv6), so an
+    address such as ``1::0:0:0`` can never pass for root's credentials.
     """
     if not address:
         return None
     parts = address.rsplit(":", 3)
-    if len(parts) != 4 or not all(p.lstrip("-").isdigit() for p in parts[1:]):
+    if (
+        len(parts) != 4
+        or ":" in parts[0]
+        or not all(p.lstrip("-").isdigit() for p in parts[1:])
+    ):
         return None
     return Caller(int(parts[1]), int(parts[2]), int(parts[3]))
 
 
+def remote_caller(kind: str, name: str) -> Caller:
+    """The caller a registered CURVE key stands for (``mb keys add-user`` or
+    ``add-node``): that user as this host knows them (never root), or the node
+    daemon of node ``name`` (acting for the cluster's owner, but only as that
+    node: see :func:`~minibatch.server.access.need_remote_allowed`)."""
+    if kind == "node":
+        return Caller(os.getuid(), os.getgid(), 0, remote=True, node=name)
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise PermissionDenied(
+            f"this client's key stands for user {name}, who does not exist on "
+            "the server's host"
+        ) from None
+    if entry.pw_uid == 0:
+        raise PermissionDenied("a client's key never stands for root")
+    return Caller(entry.pw_uid, entry.pw_gid, 0, remote=True)
+
+
 def check_spec(spec: JobSpec) -> None:
     """Reject malformed values, naming the problem."""
+    check_spec_text(spec)
     req = spec.request
     if req.nodes < 1 or req.ppn < 1:
         raise InvalidArgument(
@@ -75,13 +108,15 @@ def check_spec(spec: JobSpec) -> None:
         raise InvalidArgument("mem must be positive")
     check_range(req.malleable, req.ppn, req.nodes)
     if not spec.name or "/" in spec.name or len(spec.name) > 256:
-        raise InvalidArgument(f"invalid job name {spec.name!r}")
+        raise InvalidArgument(f"invalid job name {shown(spec.name)}")
     if (spec.script is None) == (spec.argv is None):
         raise InvalidArgument("a job needs exactly one of a script or a command")
     if spec.argv is not None and not spec.argv:
         raise InvalidArgument("empty command")
     if not os.path.isabs(spec.workdir):
-        raise InvalidArgument(f"working directory must be absolute: {spec.workdir!r}")
+        raise InvalidArgument(
+            f"working directory must be absolute: {shown(spec.workdir)}"
+        )
     if spec.array is not None:
         if not spec.array:
             raise InvalidArgument("empty array range")
@@ -89,6 +124,27 @@ def check_spec(spec: JobSpec) -> None:
             raise InvalidArgument(f"arrays are limited to {MAX_ARRAY} tasks")
         if any(i < 0 for i in spec.array) or len(set(spec.array)) != len(spec.array):
             raise InvalidArgument("array indices must be distinct and non-negative")
+
+
+def check_sizes(spec: JobSpec, max_script: int, max_env: int) -> None:
+    """Refuse a script (or command) over ``max_script`` bytes or an environment
+    over ``max_env`` (each variable counted as ``NAME=value`` and its NUL, as
+    ``execve`` counts it), naming the limit and the size."""
+    if spec.script is not None:
+        what, size = "job script", len(spec.script.encode())
+    else:
+        what, size = "job command", sum(len(a.encode()) + 1 for a in spec.argv or [])
+    if size > max_script:
+        raise InvalidArgument(
+            f"{what} is too large: {size} bytes, over the limit of {max_script} "
+            "([server] max_script_bytes)"
+        )
+    env = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in spec.env.items())
+    if env > max_env:
+        raise InvalidArgument(
+            f"job environment is too large: {env} bytes in {len(spec.env)} "
+            f"variables, over the limit of {max_env} ([server] max_env_bytes)"
+        )
 
 
 _SLURM_PATTERN = re.compile(r"%(\d*)([AajJxuNnst%])")

@@ -34,7 +34,7 @@ import psutil
 import pytest
 
 from minibatch.cli.render import job_record
-from minibatch.cluster import lifecycle
+from minibatch.cluster import lifecycle, stopping
 from minibatch.cluster.layout import NodeLayout, plan_nodes, usable_cpus
 from minibatch.config import Config, NodeDaemonConfig, Paths, load
 from minibatch.net.client import Client
@@ -332,6 +332,9 @@ class Cluster:
             self.down()
         finally:
             self.kill_everything()
+            # Jobs of killed node daemons, found by their cgroups; and the
+            # cgroups themselves.
+            stopping.sweep(self.paths)
             if self.cleanup_home:
                 shutil.rmtree(self.home, ignore_errors=True)
 

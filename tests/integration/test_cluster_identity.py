@@ -1,18 +1,26 @@
 """Identity comes from the operating system, not from the message.
 
-The test process (root) forks a child that becomes ``nobody`` and talks to the
-server over its socket: the server must see ``nobody`` (peer credentials), run the
-job as ``nobody``, and refuse what ``nobody`` may not do. The commands themselves
-cannot run as ``nobody`` here (the interpreter lives under /root), so the child
-speaks the protocol directly, as any client may.
+The test process (root) forks a child that becomes ``nobody`` (or a user made
+for these tests, in a supplementary group of its own) and talks to the server
+over its socket: the server must see that user (peer credentials), run the job
+as that user, and refuse what that user may not do, nor show them another's
+environment, arguments or script. The commands themselves cannot run as another
+user here (the interpreter lives under /root, mode 0700), so the child speaks
+the protocol directly, as any client may, and the parent renders what it got.
 """
 
 from __future__ import annotations
 
+import grp
+import json
 import os
 import pwd
 import shutil
+import stat
+import subprocess
 import tempfile
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,17 +29,24 @@ import msgspec
 import psutil
 import pytest
 
+from minibatch.cli.render import qstat_full
 from minibatch.cluster.layout import plan_nodes, usable_cpus
-from minibatch.core.job import JobRequest, JobResult, JobSpec
+from minibatch.core.job import Job, JobRequest, JobResult, JobSpec
 from minibatch.errors import RemoteError
 from minibatch.net.client import Client
 from minibatch.protocol.messages import (
     Alter,
+    Diagnose,
     JobControl,
     JobEnded,
     Message,
+    MoveJob,
+    QueryJobs,
+    Rerun,
     SetNodeOffline,
+    SignalJob,
     Submit,
+    TraceJob,
 )
 from tests.integration.conftest import Cluster
 
@@ -58,18 +73,52 @@ def shared_cluster() -> Iterator[Cluster]:
         shutil.rmtree(home, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def alice() -> Iterator[pwd.struct_passwd]:
+    """A user made for these tests, in a supplementary group; removed after."""
+    if shutil.which("useradd") is None or shutil.which("groupadd") is None:
+        pytest.skip("no useradd/groupadd to make a user with")
+    tag = uuid.uuid4().hex[:6]
+    group, name = f"mbg{tag}", f"mbu{tag}"
+    subprocess.run(["groupadd", group], check=True, capture_output=True)
+    try:
+        subprocess.run(
+            ["useradd", "--no-create-home", "--user-group", "--groups", group, name],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            yield pwd.getpwnam(name)
+        finally:
+            subprocess.run(["userdel", name], check=False, capture_output=True)
+    finally:
+        subprocess.run(["groupdel", group], check=False, capture_output=True)
+
+
+def calling(endpoint: str, message: Message) -> Callable[[], Any]:
+    def call() -> Any:
+        with Client(endpoint, timeout=10) as client:
+            return msgspec.to_builtins(client.call(message))
+
+    return call
+
+
 def as_nobody(endpoint: str, message: Message) -> tuple[str, Any]:
     """Send ``message`` from a child process running as nobody; its outcome."""
+    return as_user(NOBODY, calling(endpoint, message))
+
+
+def as_user(user: pwd.struct_passwd, act: Callable[[], Any]) -> tuple[str, Any]:
+    """Run ``act`` in a child process running as ``user``; its outcome."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: drop to nobody, then speak the protocol
+    if pid == 0:  # the child: drop to the user, then act
         os.close(read)
         try:
             os.setgroups([])
-            os.setgid(NOBODY.pw_gid)
-            os.setuid(NOBODY.pw_uid)
-            with Client(endpoint, timeout=10) as client:
-                out: tuple[str, Any] = ("ok", msgspec.to_builtins(client.call(message)))
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            out: tuple[str, Any] = ("ok", act())
         except RemoteError as exc:
             out = ("error", [int(exc.code), str(exc)])
         except BaseException as exc:  # report anything, never run pytest's teardown
@@ -181,3 +230,81 @@ def test_a_user_resizes_their_own_malleable_job_and_no_one_elses(
     # Growing takes CPUs ahead of the queue: operators only.
     kind, value = as_nobody(c.endpoint, Alter(selector=mine, ncpus=2))
     assert (kind, value[0]) == ("error", 7), value
+
+
+def test_another_user_can_neither_act_on_a_job_nor_read_it(
+    shared_cluster: Cluster, alice: pwd.struct_passwd
+) -> None:
+    c = shared_cluster
+    script = c.work / "secret.sh"
+    script.write_text('#!/bin/sh\necho "token $SECRET $1"\nsleep 30\n')
+    job = c.qsub("-v", "SECRET=hunter2", "-F", "arg-xyz", str(script), umask=0o077)
+    out = Path(c.wait_state(job, "running")["output_path"])
+    # "running" comes with the launch, a moment before the node opens the file.
+    c.wait_for(
+        lambda: out.exists() and "token hunter2 arg-xyz" in out.read_text(),
+        what="the job's output",
+    )
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600  # the submitter's umask
+
+    def her(message: Message) -> tuple[str, Any]:
+        return as_user(alice, calling(c.endpoint, message))
+
+    each_id = [
+        JobControl(action=a, selectors=[job], each=True)
+        for a in ("cancel", "hold", "release")
+    ]
+    each_id += [
+        SignalJob(selectors=[job], signal="KILL"),
+        MoveJob(queue="batch", selectors=[job]),
+    ]
+    for message in each_id:  # qdel, qhold, qrls, qsig, qmove
+        kind, reply = her(message)
+        assert kind == "ok" and reply["jobs"] == [], (message, reply)
+        assert [r["code"] for r in reply["refused"]] == [7], (message, reply)
+    for message in (Alter(selector=job, walltime=10), Rerun(selectors=[job])):
+        kind, value = her(message)
+        assert (kind, value[0]) == ("error", 7), (message, value)  # PERMISSION
+    assert c.job(job)["state"] == "running"
+
+    kind, value = as_user(alice, out.read_text)
+    assert kind == "crash" and "PermissionError" in value, value
+
+    # What she is shown: the job, less its environment, arguments and script.
+    kind, reply = her(QueryJobs(selectors=[job]))
+    assert kind == "ok", reply
+    (seen,) = msgspec.convert(reply["jobs"], list[Job])
+    assert set(seen.env) <= {"PBS_O_HOST"} and seen.script is None
+    assert seen.submit_args == "" and seen.options.script_args == []
+    full = qstat_full([seen], time.time())
+    assert "Job_Owner = root" in full and "job_state = R" in full
+    for secret in ("hunter2", "arg-xyz", "sleep 30"):
+        assert secret not in full
+        for message in (TraceJob(selector=job), Diagnose()):
+            kind, reply = her(message)
+            assert kind == "ok" and secret not in json.dumps(reply["jobs"])
+    # Its owner sees them all.
+    mine = c.run("qstat", "-f", job).stdout
+    assert "SECRET=hunter2" in mine and "job_args = arg-xyz" in mine
+    c.run("qdel", job)
+
+
+def test_a_users_job_runs_with_her_uid_gids_and_groups(
+    shared_cluster: Cluster, alice: pwd.struct_passwd
+) -> None:
+    c = shared_cluster
+    kind, reply = as_user(alice, calling(c.endpoint, Submit(spec=sleeper(c.work))))
+    assert kind == "ok", reply
+    job = reply["display"]
+    c.wait_state(job, "running")
+    (proc,) = c.wait_for(lambda: c.job_procs(job), what="the job's process")
+    status = Path(f"/proc/{proc.pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines())
+    assert fields["Uid"].split() == [str(alice.pw_uid)] * 4
+    assert fields["Gid"].split() == [str(alice.pw_gid)] * 4
+    groups = sorted(int(g) for g in fields["Groups"].split())
+    assert groups == sorted(os.getgrouplist(alice.pw_name, alice.pw_gid))
+    extra = grp.getgrnam(f"mbg{alice.pw_name[3:]}").gr_gid
+    assert extra in groups and extra != alice.pw_gid
+    c.run("qdel", job)
+    c.wait_state(job, "cancelled")

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import textwrap
+from pathlib import Path
 
 import aiomqtt
 import psutil
@@ -14,6 +15,8 @@ import pytest
 from conftest import Cluster, ClusterFactory
 from test_cluster_events import Subscriber, sh
 from test_cluster_resilience import kill9
+
+from minibatch.core.units import parse_cpu_list
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -146,16 +149,33 @@ def test_server_killed_mid_resize_ends_consistent(cluster: ClusterFactory):
     c.run("qdel", jid)
 
 
-def test_node_killed_mid_resize_ends_consistent(cluster: ClusterFactory):
+def cgroup_cpus(pid: int) -> set[int]:
+    """The CPUs of the cpuset cgroup process ``pid`` is in, as the kernel says."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, names, where = line.split(":", 2)
+        if "cpuset" in names.split(","):
+            text = Path(f"/sys/fs/cgroup/cpuset{where}/cpuset.cpus").read_text()
+            return set(parse_cpu_list(text.strip()))
+    raise AssertionError(f"pid {pid} is in no cpuset cgroup")
+
+
+def test_node_killed_mid_resize_readopts_and_resizes(cluster: ClusterFactory):
     c = cluster(nodes=1, cpus_per_node=2, server={"node_timeout": 3.0})
     jid, both = start_spinner(c)
     procs = c.job_procs(jid)
+    assert cgroup_cpus(procs[0].pid) == both
     node = c.layout[0].name
     c.run("qalter", "-l", "ncpus=1", jid)
     kill9(c.pids()[f"node-{node}"])
-    record = c.wait_state(jid, "finished", timeout=10)
-    assert record["result"] == "node_fail" and not record["resizing"]
     assert c.up().started == [f"node-{node}"]
+    # Re-adopted, and the resize the server still owed it applied.
+    record = c.wait_resizes(jid, 1)
+    assert record["state"] == "running" and len(record["cpus"]) == 1, record
+    (cpu,) = record["cpus"]
+    assert all(m == {cpu} for m in thread_masks(c, jid))
+    assert cgroup_cpus(procs[0].pid) == {cpu}
+    c.run("qdel", jid)
+    c.wait_state(jid, "finished", timeout=60)  # TERM, its grace, KILL: on a busy box
     _, alive = psutil.wait_procs(procs, timeout=5)
     assert alive == [] and c.job_procs(jid) == []
     c.wait_for(lambda: c.nodes()[node].state == "free", what="the node back")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import time
 
 import psutil
 import pytest
 from conftest import ClusterFactory, procs_with
 
+from minibatch.cluster import lifecycle
 from minibatch.cluster.layout import usable_cpus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -169,15 +169,20 @@ def test_commands_fail_fast_when_the_cluster_is_down(cluster: ClusterFactory) ->
     c = cluster(nodes=1)
     c.down()
     for command in (["qsub", "--", "true"], ["qstat"], ["pbsnodes"]):
+        # What starting the command costs on this machine now (it loads the
+        # same modules): the refusal may take that, not the 10 s timeout more.
         started = time.monotonic()
-        try:
-            refused = c.run(*command, check=False, timeout=4)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{command[0]} still waiting after 4 s for a stopped server")
+        c.run(command[0], "--help")
+        startup = time.monotonic() - started
+        started = time.monotonic()
+        refused = c.run(*command, check=False, timeout=60)
         took = time.monotonic() - started
         assert refused.returncode == 1, refused
         assert refused.stderr.count("\n") == 1 and "mb up" in refused.stderr
-        assert took < 3, f"{command[0]} took {took:.1f} s to say the cluster is down"
+        assert took < startup + 5, (
+            f"{command[0]} took {took:.1f} s to say the cluster is down "
+            f"(it starts in {startup:.1f} s)"
+        )
 
 
 def test_mb_down_is_quick_when_the_starter_still_runs(cluster: ClusterFactory) -> None:
@@ -189,14 +194,14 @@ def test_mb_down_is_quick_when_the_starter_still_runs(cluster: ClusterFactory) -
     pids = c.pids()
     started = time.monotonic()
     try:
-        c.run("mb", "down", timeout=5)
-    except subprocess.TimeoutExpired:
-        pytest.fail("mb down still waiting after 5 s for daemons that had exited")
+        c.run("mb", "down", timeout=60)
     finally:
         for pid in pids.values():
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-    assert time.monotonic() - started < 5
+    # Waiting for a zombie would take STOP_GRACE at least, once per stage.
+    took = time.monotonic() - started
+    assert took < lifecycle.STOP_GRACE, f"mb down took {took:.1f} s"
 
 
 def test_two_clusters_share_nothing(cluster: ClusterFactory) -> None:

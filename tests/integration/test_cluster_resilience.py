@@ -45,10 +45,16 @@ def test_server_sigkill_loses_no_acknowledged_job(cluster: ClusterFactory) -> No
     # One CPU: everything queues behind the long job. A short periodic pass lets
     # the scheduler re-register quickly with the restarted server.
     c = cluster(nodes=1, scheduler={"interval": 1.0})
+    # It burns its CPU until the test says stop, so it still runs after the
+    # restart however long the restart takes on a busy machine.
+    gate = c.work / "stop"
     long_job = c.qsub(
-        "-N", "long", "--", "sh", "-c", "timeout 4 sh -c 'while :; do :; done'; true"
+        "-N", "long", "--", "sh", "-c", f"while [ ! -e {gate} ]; do :; done"
     )
     c.wait_state(long_job, "running")
+    # The node's start report (its session and start time) is in: the records
+    # compared across the restart are final.
+    c.wait_for(lambda: c.job(long_job)["session_id"], what="the start report")
     queued = [c.qsub("--", "true") for _ in range(3)]
     held = [c.qsub("-h", "--", "true") for _ in range(2)]
     waiting = c.qsub("-W", f"depend=afterok:{queued[0]}", "--", "true")
@@ -75,16 +81,19 @@ def test_server_sigkill_loses_no_acknowledged_job(cluster: ClusterFactory) -> No
         keep = ("state", "name", "cpus", "start_time", "submit_time", "depends")
         assert {k: after[jid][k] for k in keep} == {k: record[k] for k in keep}, jid
 
-    done = c.wait_state(long_job, "finished", timeout=20)
+    assert c.job(long_job)["state"] == "running"
+    stopped = time.time()
+    gate.touch()
+    done = c.wait_state(long_job, "finished", timeout=30)
     assert done["result"] == "completed" and done["exit_status"] == 0
     assert done["start_time"] == before[long_job]["start_time"]
+    assert done["end_time"] >= stopped  # it ran until told to stop
     elapsed = done["end_time"] - done["start_time"]
-    assert elapsed >= 4.0, elapsed  # `timeout 4` ran to its end
     # Its CPU time survived the restart: what the kernel counted for a busy
     # loop on one CPU, however busy the machine was meanwhile.
     assert 0.0 < done["cputime_s"] <= elapsed + 0.5, (done["cputime_s"], elapsed)
     for jid in [*queued, waiting]:
-        assert c.wait_state(jid, "finished", timeout=15)["result"] == "completed"
+        assert c.wait_state(jid, "finished", timeout=30)["result"] == "completed"
     assert c.job(waiting)["start_time"] >= c.job(queued[0])["end_time"]
     assert {c.job(j)["state"] for j in held} == {"held"}
 
@@ -154,12 +163,19 @@ def garbage() -> list[tuple[str, list[bytes], set[ErrorCode]]]:
 
 
 def check_alive(c: Cluster) -> None:
-    """qstat answers and two jobs (one per node) still run to completion."""
+    """qstat answers and one job per node runs to completion: all of them run
+    at once (each waits for a file the test creates once all have started), so
+    each node got one, however slowly they were submitted."""
     c.run("qstat", "-a")
-    jobs = [c.qsub("--", "sleep", "0.5") for _ in c.layout]
+    gate = c.work / f"alive-{time.monotonic_ns()}"
+    wait = f"while [ ! -e {gate} ]; do sleep 0.05; done"
+    jobs = [c.qsub("--", "sh", "-c", wait) for _ in c.layout]
     for jid in jobs:
-        assert c.wait_state(jid, "finished", timeout=15)["result"] == "completed"
+        c.wait_state(jid, "running", timeout=30)
     assert {c.job(j)["node"] for j in jobs} == {n.name for n in c.layout}
+    gate.touch()
+    for jid in jobs:
+        assert c.wait_state(jid, "finished", timeout=30)["result"] == "completed"
 
 
 def test_garbage_on_the_socket_gets_error_replies(cluster: ClusterFactory) -> None:
@@ -250,8 +266,7 @@ def test_garbage_under_a_node_identity_does_not_break_the_node(
 ) -> None:
     """Any local user may connect (the socket is 0777) and pick any ZMQ identity.
     One that once calls itself ``node:node0`` must not cut the real node0 off."""
-    timeout = 3.0
-    c = cluster(server={"node_timeout": timeout})
+    c = cluster()
     peer = RawPeer(c, identity=b"node:node0")
     try:
         for what, frames, codes in garbage()[:6]:
@@ -259,7 +274,15 @@ def test_garbage_under_a_node_identity_does_not_break_the_node(
             assert isinstance(env.body, Error) and env.body.code in codes, what
     finally:
         peer.close()
-    time.sleep(timeout + 1.5)  # node0 keeps sending heartbeats meanwhile
+    after = c.nodes()["node0"].last_heartbeat or 0.0
+    # The server goes on taking node0's heartbeats: three more of them (a node
+    # cut off would have its heartbeats refused, and be declared down).
+    interval = c.config.node.heartbeat
+    c.wait_for(
+        lambda: (c.nodes()["node0"].last_heartbeat or 0.0) >= after + 2.5 * interval,
+        timeout=30,
+        what="node0's heartbeats after the garbage",
+    )
     states = {name: n.state for name, n in c.nodes().items()}
     assert states == {"node0": "free", "node1": "free"}, states
     check_alive(c)
@@ -287,11 +310,12 @@ def test_an_impostor_does_not_receive_a_nodes_launch(cluster: ClusterFactory) ->
 # ------------------------------------------------------------ node crash
 
 
-def test_node_sigkill_fails_its_job_and_restart_cleans_up(
+def test_node_sigkill_without_cgroups_kills_and_requeues_on_restart(
     cluster: ClusterFactory,
 ) -> None:
-    timeout = 3.0
-    c = cluster(server={"node_timeout": timeout})
+    """Without cgroups a restarted daemon cannot supervise what it did not start:
+    it kills the job's session and tree, and the job runs again."""
+    c = cluster(server={"node_timeout": 2.0}, node={"cgroups": False})
     script = c.work / "victim.sh"
     script.write_text("#!/bin/sh\nsleep 120 &\nsetsid sleep 121 &\nwait\n")
     jid = c.qsub("-l", "walltime=300", str(script))
@@ -300,22 +324,22 @@ def test_node_sigkill_fails_its_job_and_restart_cleans_up(
     procs = c.wait_for(lambda: (p := c.job_procs(jid)) and len(p) >= 3 and p)
 
     kill9(c.pids()[f"node-{node}"])
-    killed = time.monotonic()
-    record = c.wait_state(jid, "finished", timeout=timeout + 5)
-    assert record["result"] == "node_fail", record
-    assert time.monotonic() - killed <= timeout + 3
-    assert c.nodes()[node].state == "down"
+    c.wait_for(lambda: c.nodes()[node].state == "down", what="node down")
     pbsnodes = c.run("pbsnodes", "-l").stdout
     assert node in pbsnodes and "down" in pbsnodes
-    # Nothing on that node could kill them: they still run.
+    # Nobody has seen its processes end: the job still runs, and so do they.
+    assert c.job(jid)["state"] == "running"
     assert [p for p in procs if p.is_running()]
 
     report = c.up()
     assert report.started == [f"node-{node}"], report
     gone, alive = psutil.wait_procs(procs, timeout=5)
     assert alive == [], f"left over after the node restarted: {alive}"
-    assert c.job_procs(jid) == []
-    assert c.nodes()[node].state == "free"
+    record = c.wait_state(jid, "running")  # requeued, and started again
+    assert record["reruns"] == 1, record
+    c.run("qdel", jid)
+    c.wait_state(jid, "finished")
+    c.wait_for(lambda: c.job_procs(jid) == [], what="no process of the job")
     check_alive(c)
 
 
@@ -328,7 +352,8 @@ def test_upcoming_jobs_start_while_the_scheduler_is_frozen(
     """The server starts the last plan's upcoming jobs itself as CPUs free up,
     in order, so a stalled scheduler delays backfill, not the queue's head."""
     c = cluster(nodes=1, cpus_per_node=1)
-    first = c.qsub("--", "sleep", "1.5")
+    gate = c.work / "go"
+    first = c.qsub("--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
     rest = [c.qsub("-N", f"next{i}", "--", "true") for i in range(3)]
     c.wait_state(first, "running")
     # A plan that saw all three has come back (its reasons replace the default).
@@ -340,7 +365,9 @@ def test_upcoming_jobs_start_while_the_scheduler_is_frozen(
     scheduler.suspend()
     try:
         c.wait_for(lambda: scheduler.status() == psutil.STATUS_STOPPED)
-        records = [c.wait_state(j, "finished", timeout=10) for j in rest]
+        assert [c.job(j)["state"] for j in rest] == ["queued"] * 3
+        gate.touch()  # the CPU frees up while the scheduler cannot plan
+        records = [c.wait_state(j, "finished", timeout=30) for j in rest]
         assert scheduler.status() == psutil.STATUS_STOPPED
     finally:
         scheduler.resume()

@@ -3,7 +3,8 @@
 Two malleable kernels fill the cluster; a third malleable job arrives; SD-Policy
 shrinks one of them and starts the guest on the CPU it gave. The test checks
 what the kernel says (the mate's processes on fewer CPUs, then on all again),
-what the kernel program reports (its workers and its rate drop, then recover)
+what the kernel program reports (its workers drop, then recover), the CPU
+time it gets while shrunk (at most one CPU's, whatever else runs)
 and what accounting keeps (both resizes, with their causes).
 
 The machine has two cores, so the two nodes of two CPUs share them (``mb up
@@ -13,10 +14,12 @@ The machine has two cores, so the two nodes of two CPUs share them (``mb up
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-import statistics
 import sys
+import time
 
+import psutil
 import pytest
 from conftest import REPO, Cluster, ClusterFactory
 
@@ -46,6 +49,24 @@ def rates(lines: list[dict[str, str]], workers: str) -> list[float]:
     return [
         float(x["rate"].removesuffix("/s")) for x in lines if x["workers"] == workers
     ]
+
+
+def cpu_seconds_over(c: Cluster, jid: str, wall: float) -> tuple[float, float]:
+    """CPU seconds the job's processes used over about ``wall`` seconds, and the
+    wall time measured, as the kernel counts them."""
+
+    def total(procs: list[psutil.Process]) -> float:
+        used = 0.0
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                used += t.user + t.system
+        return used
+
+    procs = c.job_procs(jid)
+    start, t0 = total(procs), time.monotonic()
+    time.sleep(wall)
+    return total(procs) - start, time.monotonic() - t0
 
 
 def physical(c: Cluster, jid: str) -> set[int]:
@@ -83,6 +104,9 @@ async def test_sd_shrinks_a_mate_for_a_guest_and_expands_it_back(
     assert physical(c, other) == both
     await asyncio.to_thread(c.launched_procs, guest)
     assert physical(c, guest) | physical(c, mate) == both
+    # Shrunk, it gets at most one CPU's time, however idle the other core is.
+    used, wall = await asyncio.to_thread(cpu_seconds_over, c, mate, 2.0)
+    assert used <= 1.1 * wall, (used, wall)
     await asyncio.to_thread(
         c.wait_for, lambda: len(rates(report(c, mate), "1")) >= 3, 30.0, 0.2
     )
@@ -103,16 +127,12 @@ async def test_sd_shrinks_a_mate_for_a_guest_and_expands_it_back(
         "rates after the expansion",
     )
 
-    # The kernel's own words: two workers, then one, then two again, and its
-    # rate falls with the lent CPU and comes back with it. Other work on the
-    # machine shifts all rates (it moves between the cores), so the one-CPU
-    # rate is held against the better of the two-CPU periods.
+    # The kernel's own words: two workers, then one, then two again. (Its
+    # rates follow, but how much depends on what else the machine runs: the
+    # CPU time it got while shrunk is what is checked, above.)
     lines = report(c, mate)
-    before = statistics.median(rates(lines[:mark], "2")[1:])
-    during = statistics.median(rates(lines, "1")[1:])
-    after = statistics.median(rates(lines[mark:], "2")[1:])
-    assert during < 0.8 * max(before, after), (before, during, after)
-    assert after > during, (before, during, after)
+    assert rates(lines[:mark], "2") and rates(lines, "1")
+    assert rates(lines[mark:], "2")
     acct = c.run("mb", "acct", "-j", mate, "-o", "JobID,Resizes,Malleable").stdout
     assert acct.split()[-2:] == ["2", "1-2"]
     for jid in mates:

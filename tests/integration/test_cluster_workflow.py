@@ -7,7 +7,6 @@ and "nothing changed" means ``qstat -x --json`` prints the same before and after
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -110,14 +109,22 @@ def test_qdel_of_one_task(cluster: ClusterFactory) -> None:
 # ------------------------------------------------------------ dependencies
 
 
+def until(gate: Path, then: str = "") -> list[str]:
+    """A job's command: wait for the test to create ``gate``, then ``then``.
+    The test decides when it ends, however busy the machine is."""
+    return ["--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; {then}"]
+
+
 def test_afterok_chain_runs_in_order(cluster: ClusterFactory) -> None:
     c = cluster()  # two nodes: without the dependencies all would start at once
-    a = c.qsub("--", "sleep", "1")
-    b = c.qsub("-W", f"depend=afterok:{a}", "--", "sleep", "1")
+    gate = c.work / "go"
+    a = c.qsub(*until(gate))
+    b = c.qsub("-W", f"depend=afterok:{a}", *until(gate))
     d = c.qsub("-W", f"depend=afterok:{b}", "--", "true")
     assert c.job(b)["state"] == "waiting" and c.job(d)["state"] == "waiting"
     assert qstat_rows(c)[b] == "W"
     assert str(a) in c.job(b)["reason"]
+    gate.touch()
     ra, rb, rd = (c.wait_state(j, "completed") for j in (a, b, d))
     assert ra["end_time"] <= rb["start_time"]
     assert rb["end_time"] <= rd["start_time"]
@@ -127,11 +134,13 @@ def test_afternotok_runs_and_afterok_is_cancelled_after_a_failure(
     cluster: ClusterFactory,
 ) -> None:
     c = cluster()
-    bad = c.qsub("--", "sh", "-c", "sleep 1; exit 3")
+    gate = c.work / "go"
+    bad = c.qsub(*until(gate, "exit 3"))
     cleanup = c.qsub("-W", f"depend=afternotok:{bad}", "--", "true")
     report = c.qsub("-W", f"depend=afterok:{bad}", "--", "true")
     anyway = c.qsub("-W", f"depend=afterany:{bad}", "--", "true")
     assert c.job(report)["state"] == "waiting"
+    gate.touch()
     assert c.wait_state(bad, "finished")["result"] == "failed"
     assert c.wait_state(cleanup, "finished")["result"] == "completed"
     assert c.wait_state(anyway, "finished")["result"] == "completed"
@@ -158,11 +167,18 @@ def test_dependency_on_an_unknown_job_is_rejected(cluster: ClusterFactory) -> No
 # ------------------------------------------------------------ hold/release
 
 
+def passes_happened(c: Cluster) -> None:
+    """A job with nothing in its way runs to completion: the scheduler has
+    planned (at least once) since now, with the CPUs it found free."""
+    probe = c.qsub("-N", "probe", "--", "true")
+    assert c.wait_state(probe, "finished", timeout=30)["result"] == "completed"
+
+
 def test_held_job_waits_until_released(cluster: ClusterFactory) -> None:
     c = cluster()
     jid = c.qsub("-h", "--", "true")
     assert qstat_rows(c) == {jid: "H"}
-    time.sleep(1.5)  # several scheduling passes would have started it
+    passes_happened(c)  # they would have started it
     record = c.job(jid)
     assert record["state"] == "held" and record["start_time"] is None
     c.run("qrls", jid)
@@ -179,7 +195,7 @@ def test_qhold_of_a_queued_job_behind_a_busy_node(cluster: ClusterFactory) -> No
     assert qstat_rows(c) == {busy: "R", queued: "H"}
     c.run("qdel", busy)
     c.wait_state(busy, "cancelled")
-    time.sleep(1.0)  # the node is free, but the job is held
+    passes_happened(c)  # the node is free, but the job is held
     assert c.job(queued)["state"] == "held"
     c.run("qrls", queued)
     assert c.wait_state(queued, "finished")["result"] == "completed"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from minibatch.core.job import (
     Dependency,
     DependKind,
+    Job,
     JobRequest,
     JobResult,
     JobSpec,
@@ -128,24 +130,41 @@ def test_state_survives_reload_from_the_database(server_state: ServerState, cloc
     assert again.next_id == 3
 
 
-def test_silent_node_fails_its_jobs(server_state: ServerState, clock):
+def test_silent_node_is_down_and_its_jobs_wait_for_its_daemon(
+    server_state: ServerState, clock
+):
     (job,) = server_state.submit(spec(), ME)
     server_state.start(job.id, ("n0",))
     for node in server_state.nodes.nodes.values():
         node.last_heartbeat = clock.t
     clock.t += 30
     liveness.check_nodes(server_state, timeout=10)
-    assert job.result is JobResult.NODE_FAIL
     assert server_state.nodes.nodes["n0"].state == "down"
+    # Only its daemon can say the job's processes are gone.
+    assert job.state is JobState.RUNNING
     with pytest.raises(NotFound):
         liveness.heartbeat(server_state, Heartbeat(name="n0", running=[]), b"r0")
+    server_state.cancel(job)  # nobody could answer a Kill: it ends at once
+    assert job.result is JobResult.CANCELLED and "n0 is down" in job.comment
 
 
-def test_restarted_node_daemon_loses_its_jobs(server_state: ServerState):
+def _ran(job: Job, rerunnable: bool = True) -> Job:
+    job.session_id = 4242  # its node said it started
+    job.options = msgspec.structs.replace(job.options, rerunnable=rerunnable)
+    return job
+
+
+def test_restarted_node_daemon_requeues_the_jobs_it_did_not_keep(
+    server_state: ServerState,
+):
     (kept,) = server_state.submit(spec(), ME)
     (lost,) = server_state.submit(spec(), ME)
+    (once,) = server_state.submit(spec(), ME)
     server_state.start(kept.id, ("n0",))
     server_state.start(lost.id, ("n1",))
+    server_state.start(once.id, ("n1",))
+    _ran(lost)
+    _ran(once, rerunnable=False)
     liveness.hello(
         server_state,
         NodeHello(name="n0", cpus=[0, 1], mem_kb=None, pid=100, running=[kept.id]),
@@ -157,15 +176,21 @@ def test_restarted_node_daemon_loses_its_jobs(server_state: ServerState):
         b"r1",
     )
     assert kept.state is JobState.RUNNING
-    assert lost.result is JobResult.NODE_FAIL and "restarted" in lost.comment
+    assert lost.state is JobState.QUEUED and lost.reruns == 1
+    assert once.result is JobResult.NODE_FAIL and "restarted" in once.comment
 
 
 def test_heartbeats_that_omit_a_job_mark_it_lost(server_state: ServerState):
     (job,) = server_state.submit(spec(), ME)
+    (once,) = server_state.submit(spec(), ME)
     server_state.start(job.id, ("n0",))
+    server_state.start(once.id, ("n0",))
+    _ran(job)
+    _ran(once, rerunnable=False)
     for _ in range(3):
         liveness.heartbeat(server_state, Heartbeat(name="n0", running=[]), b"r0")
-    assert job.result is JobResult.NODE_FAIL
+    assert job.state is JobState.QUEUED and job.reruns == 1
+    assert once.result is JobResult.NODE_FAIL and "lost" in once.comment
 
 
 def test_store_rejects_unknown_synchronous_mode(tmp_path):

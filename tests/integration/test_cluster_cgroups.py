@@ -1,0 +1,256 @@
+"""Limits in the kernel: each job in cgroups of its own (this machine offers v1).
+
+What the OS says is checked: the job's /proc/PID/cgroup and affinity, the
+kernel's OOM kill, the cgroup's task count, files left in /dev/shm, and which
+processes are still alive after the job ended or its node daemon was killed.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import BIN, Cluster, ClusterFactory
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+PY = sys.executable
+
+
+def script(c: Cluster, name: str, body: str) -> str:
+    path = c.work / name
+    path.write_text("#!/bin/sh\n" + body)
+    return str(path)
+
+
+def alive_with(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line holds ``marker``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if marker in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def test_job_is_in_its_own_cgroups_and_cannot_widen_its_cpus(
+    cluster: ClusterFactory,
+) -> None:
+    c = cluster(nodes=2, cpus_per_node=1)
+    status = c.run("mb", "status").stdout
+    assert "limits by cgroup v1" in status, status
+    body = (
+        "grep -E 'cpuset|memory|pids' /proc/self/cgroup\n"
+        "taskset -pc 0,1 $$ >/dev/null 2>&1\n"
+        "grep Cpus_allowed_list /proc/self/status\n"
+        "echo nofile $(ulimit -n)\n"
+    )
+    jid = c.qsub("-o", "out.txt", "-j", "oe", script(c, "where.sh", body))
+    record = c.wait_state(jid, "completed")
+    out = (c.work / "out.txt").read_text()
+    assert out.count(f"/job_{jid}") == 3, out
+    # The node's CPU only, though the job asked the kernel for both.
+    cpus = c.layout[[n.name for n in c.layout].index(record["node"])].cpus
+    assert f"Cpus_allowed_list:\t{cpus[0]}" in out, (out, cpus)
+    # The daemon raised its own open file limit; the job gets the usual one.
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert f"nofile {soft}\n" in out, (out, soft)
+
+
+def test_memory_limit_is_hard_and_counts_shm_and_memfd(
+    cluster: ClusterFactory,
+) -> None:
+    c = cluster(nodes=1, cpus_per_node=1)
+    limit_kb = 64 * 1024
+    jobs = {
+        "anon": f"{PY} -c 'b = bytearray(300 << 20)'\n",
+        "shm": "dd if=/dev/zero of=/dev/shm/mb-test-$PBS_JOBID bs=1M count=300\n",
+        "memfd": (
+            f'{PY} -c \'import os; fd = os.memfd_create("x"); '
+            "[os.write(fd, bytes(1 << 20)) for _ in range(300)]'\n"
+        ),
+    }
+    ids = {
+        kind: c.qsub("-l", "mem=64mb", script(c, f"{kind}.sh", body))
+        for kind, body in jobs.items()
+    }
+    for kind, jid in ids.items():
+        record = c.wait_state(jid, "finished", timeout=30)
+        assert record["result"] == "out_of_memory", (kind, record)
+        assert "the kernel killed" in record["comment"], (kind, record)
+        # The cgroup's own peak: never past the limit, unlike a sampled one.
+        assert 0 < record["maxrss_kb"] <= limit_kb, (kind, record)
+    # What the shm job wrote was removed when it ended.
+    assert not list(Path("/dev/shm").glob(f"mb-test-{ids['shm']}*"))
+
+
+def test_files_a_job_leaves_in_dev_shm_are_removed(cluster: ClusterFactory) -> None:
+    keep = Path("/dev/shm") / f"mb-not-a-job-{os.getpid()}"
+    keep.write_bytes(b"x")  # the user's own file, older than the job: kept
+    try:
+        c = cluster(nodes=1, cpus_per_node=1)
+        body = "dd if=/dev/zero of=/dev/shm/mb-left-$PBS_JOBID bs=1M count=8\n"
+        jid = c.qsub("-l", "mem=64mb", script(c, "left.sh", body))
+        c.wait_state(jid, "completed")
+        assert not (Path("/dev/shm") / f"mb-left-{jid}").exists()
+        assert keep.exists()
+    finally:
+        keep.unlink()
+
+
+def test_pids_max_bounds_a_fork_bomb(cluster: ClusterFactory) -> None:
+    c = cluster(nodes=1, cpus_per_node=1, node={"pids_max": 12})
+    marker = f"{os.getpid() % 1000 + 2000}.5"
+    body = f"for i in $(seq 40); do sleep {marker} & done\nwait\n"
+    jid = c.qsub("-e", "err.txt", script(c, "bomb.sh", body))
+    c.wait_state(jid, "finished")
+    assert "fork" in (c.work / "err.txt").read_text().lower()
+    assert not alive_with(f"sleep {marker}")  # the 11 it got died with it
+
+
+def test_a_setsid_env_i_escapee_dies_with_its_job(cluster: ClusterFactory) -> None:
+    c = cluster(nodes=1, cpus_per_node=1)
+    marker = f"{os.getpid() % 1000 + 3000}.5"
+    body = f"setsid env -i sleep {marker} &\nsleep 0.5\n"
+    jid = c.qsub(script(c, "escape.sh", body))
+    c.wait_state(jid, "completed")
+    c.wait_for(lambda: not alive_with(f"sleep {marker}"), what="escapee gone")
+
+
+def test_a_killed_node_daemon_s_job_is_readopted(cluster: ClusterFactory) -> None:
+    c = cluster(nodes=1, cpus_per_node=1, server={"node_timeout": 2.0})
+    marker = f"{os.getpid() % 1000 + 4000}.5"
+    flag = c.work / "go"
+    body = (
+        f"setsid env -i sleep {marker} &\n"
+        f"while [ ! -e {flag} ]; do sleep 0.1; done\necho finished\n"
+    )
+    jid = c.qsub("-o", "out.txt", "-j", "oe", script(c, "long.sh", body))
+    c.wait_state(jid, "running")
+    c.wait_for(lambda: alive_with(f"sleep {marker}"), what="escapee started")
+    node = c.pids()["node-node0"]
+    os.kill(node, signal.SIGKILL)
+    psutil.Process(node).wait(5)
+    c.wait_for(lambda: c.nodes()["node0"].state == "down", what="node down")
+    # Down, but its job runs on: nobody has seen its processes end.
+    assert c.job(jid)["state"] == "running"
+    assert alive_with(f"sleep {marker}")
+
+    report = c.up()
+    assert report.started == ["node-node0"], report
+    c.wait_for(lambda: "re-adopted" in c.log("node-node0"), what="re-adoption")
+    assert c.job(jid)["state"] == "running"
+    flag.touch()
+    record = c.wait_state(jid, "completed")
+    assert "exit status unknown" in record["comment"], record
+    assert "finished" in (c.work / "out.txt").read_text()
+    c.wait_for(lambda: not alive_with(f"sleep {marker}"), what="escapee gone")
+    accounting = [j for j in c.jobs() if j["id"] == record["id"]]
+    assert len(accounting) == 1 and record["reruns"] == 0, record
+
+
+def test_keep_running_and_drain(cluster: ClusterFactory) -> None:
+    c = cluster(nodes=2, cpus_per_node=1)
+    flag = c.work / "go"
+    body = f"while [ ! -e {flag} ]; do sleep 0.1; done\n"
+    jobs = [c.qsub(script(c, "kept.sh", body)) for _ in range(2)]
+    on = {c.wait_state(j, "running")["node"]: j for j in jobs}
+    assert set(on) == {"node0", "node1"}
+    tops = [psutil.Process(c.wait_state(j, "running")["session_id"]) for j in jobs]
+    out = c.run("mb", "down", "--keep-running").stdout
+    assert "stopped" in out and not c.pids(), out
+    assert all(top.is_running() for top in tops)
+
+    c.up()
+    for node, jid in on.items():
+        # Each by its own node: the nodes share the spool, not their jobs.
+        c.wait_for(lambda n=node: "re-adopted" in c.log(f"node-{n}"), what=node)
+        log = c.log(f"node-{node}")
+        assert f"job {jid}: re-adopted" in log, log
+        assert log.count(": re-adopted") == 1, log
+    queued = c.qsub("--", "/bin/true")  # both CPUs are busy: it waits
+    drain = subprocess.Popen(
+        [str(BIN / "mb"), "down", "--drain"],
+        env=c.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        c.wait_for(lambda: "scheduler" not in c.pids(), what="scheduler stopped")
+        assert drain.poll() is None
+        assert all(c.job(j)["state"] == "running" for j in jobs)
+        flag.touch()
+        out, err = drain.communicate(timeout=60)
+    finally:
+        if drain.poll() is None:
+            drain.kill()
+            drain.wait()
+    assert drain.returncode == 0 and "draining: 2 job(s)" in err, (out, err)
+    assert not c.pids()
+    c.up()
+    for jid in jobs:
+        record = c.wait_state(jid, "completed")
+        assert record["reruns"] == 0, record
+    c.wait_state(queued, "completed")
+
+
+def test_without_cgroups_limits_are_sampled_and_jobs_cannot_be_kept(
+    cluster: ClusterFactory,
+) -> None:
+    c = cluster(nodes=1, cpus_per_node=1, node={"cgroups": False})
+    status = c.run("mb", "status").stdout
+    assert "affinity and sampling: turned off" in status, status
+    jid = c.qsub("--", "/bin/sleep", "30")
+    procs = c.launched_procs(jid)
+    refused = c.run("mb", "down", "--keep-running", check=False)
+    assert refused.returncode != 0 and "needs cgroups" in refused.stderr, refused
+    assert c.pids().get("server") and all(p.is_running() for p in procs)
+
+
+def test_a_full_spool_takes_the_node_offline_not_the_jobs(
+    cluster: ClusterFactory,
+) -> None:
+    c = cluster(nodes=1, cpus_per_node=1)
+    spool = c.paths.spool
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(spool)], check=True
+    )
+    try:
+        filler = spool / "filler"
+        subprocess.run(
+            ["dd", "if=/dev/zero", f"of={filler}", "bs=1M", "count=30"],
+            capture_output=True,
+        )
+        jid = c.qsub("--", "/bin/true")  # argv: the node file is what fails
+        c.wait_for(lambda: c.nodes()["node0"].state == "offline", what="offline")
+        node = c.nodes()["node0"]
+        assert "No space left on device" in node.comment, node
+        assert c.job(jid)["state"] == "queued"  # not failed: it waits
+        filler.unlink()
+        record = c.wait_state(jid, "completed", timeout=30)
+        assert record["reruns"] >= 1, record
+        assert c.nodes()["node0"].state == "free"
+    finally:
+        subprocess.run(["umount", "-l", str(spool)], check=False)
+
+
+def test_mb_down_kills_the_jobs_of_a_dead_node_daemon(cluster: ClusterFactory) -> None:
+    c = cluster(nodes=1, cpus_per_node=1)
+    marker = f"{os.getpid() % 1000 + 5000}.5"
+    jid = c.qsub(script(c, "orphan.sh", f"setsid env -i sleep {marker} &\nwait\n"))
+    c.wait_state(jid, "running")
+    c.wait_for(lambda: alive_with(f"sleep {marker}"), what="job started")
+    node = c.pids()["node-node0"]
+    os.kill(node, signal.SIGKILL)
+    psutil.Process(node).wait(5)
+    out = c.run("mb", "down").stdout
+    assert "node-node0" not in out, out  # it was not running
+    assert not alive_with(f"sleep {marker}")
+    assert not list(c.paths.spool.glob("*.run"))
