@@ -4,8 +4,8 @@ On the server's host (as the cluster's owner, or root)::
 
     mb keys init                      # the server's keypair (also made at start)
     mb keys show                      # its public key, to give to clients
-    mb keys add-user NAME KEY         # KEY may connect over tcp as user NAME
-    mb keys add-node NODE KEY         # KEY may run node NODE's daemon
+    mb keys add-user -- NAME KEY      # KEY may connect over tcp as user NAME
+    mb keys add-node -- NODE KEY      # KEY may run node NODE's daemon
     mb keys list
     mb keys remove NAME|KEY
 
@@ -13,7 +13,7 @@ On another host (each user, and root for a node daemon)::
 
     mb keys init --client             # this client's keypair, in $MB_HOME/keys
     mb keys show --client
-    mb keys trust SERVER_KEY          # the server's public key (from `mb keys show`)
+    mb keys trust -- SERVER_KEY       # the server's public key (from `mb keys show`)
 
 A registration counts for the next connection at once, and a removal within
 a second, without restarting the server. See docs/operations.md, "A cluster of
@@ -72,8 +72,8 @@ def init_command(client: ClientFlag = False) -> None:
             typer.echo("(the keypair existed already; it was kept)", err=True)
         elif client:
             typer.echo(
-                "give this key to the server's operator: mb keys add-user NAME "
-                "KEY (or add-node NODE KEY); then run mb keys trust SERVER_KEY",
+                "give this key to the server's operator: mb keys add-user -- NAME "
+                "KEY (or add-node -- NODE KEY); then run mb keys trust -- SERVER_KEY",
                 err=True,
             )
 

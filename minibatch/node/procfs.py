@@ -204,6 +204,8 @@ def kill_job_remains(top: int, uid: int, cg: JobCgroup | None) -> int:
             killed.update(pids)
             time.sleep(0.01)
         return len(killed)
+    if top <= 0:  # recorded before its fork: no session to look for
+        return 0
     for pid in ProcTable.scan().members(top) - spare:
         try:
             if os.stat(f"/proc/{pid}").st_uid != uid:

@@ -17,10 +17,14 @@ import contextlib
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from minibatch.protocol.messages import LaunchSpec
+
+if TYPE_CHECKING:
+    from minibatch.node.cgroup import JobCgroup
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +35,7 @@ class RunRecord(msgspec.Struct, kw_only=True):
     #: The node that runs it: nodes of one cluster share its spool.
     node: str
     spec: LaunchSpec
+    #: The top process; 0 in the record written just before the fork.
     pid: int
     #: Wall-clock start (the job's walltime counts from it).
     start: float
@@ -43,6 +48,10 @@ class RunRecord(msgspec.Struct, kw_only=True):
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(RunRecord)
+
+
+def dirs_of(cg: JobCgroup | None) -> dict[str, str]:
+    return {c: str(d) for c, d in cg.dirs.items()} if cg is not None else {}
 
 
 def path(spool: Path, job: int) -> Path:

@@ -285,7 +285,7 @@ class Supervisor:
             spec=run.spec,
             pid=run.pid,
             start=run.start,
-            cgroup={c: str(d) for c, d in run.cg.dirs.items()} if run.cg else {},
+            cgroup=records.dirs_of(run.cg),
             cpus=run.cpus,
             limit=run.limit,
             seq=run.seq,

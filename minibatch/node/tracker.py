@@ -18,7 +18,7 @@ from minibatch.core.job import JobResult
 from minibatch.core.units import format_cpu_list
 from minibatch.node import procfs, records, resizer
 from minibatch.node.cgroup import JobCgroup
-from minibatch.node.launcher import LaunchError
+from minibatch.node.launcher import LaunchError, describe_os_error
 from minibatch.node.ownership import Run, ended_report, failed_report
 from minibatch.node.supervisor import Report, Supervisor
 from minibatch.protocol.messages import (
@@ -32,6 +32,16 @@ from minibatch.protocol.messages import (
 __all__ = ["Report", "Tracker"]
 
 log = logging.getLogger(__name__)
+
+
+def _top(pids: list[int]) -> int:
+    """The top process of a job's cgroup: the one whose parent is outside."""
+    inside = set(pids)
+    for pid in pids:
+        p = procfs.read_stat(pid)
+        if p is not None and p.ppid not in inside:
+            return pid
+    return pids[0]
 
 
 class Tracker(Supervisor):
@@ -121,11 +131,12 @@ class Tracker(Supervisor):
         killed: list[int] = []
         for rec in records.load_all(self.launcher.spool, self.launcher.node):
             cg = JobCgroup.at(rec.cgroup) if self.cgroups else None
-            if cg is not None and cg.procs():
+            inside = cg.procs() if cg is not None else []
+            if cg is not None and inside:
                 run = Run(
                     rec.spec,
                     None,
-                    rec.pid,
+                    rec.pid or _top(inside),
                     rec.start,
                     cg=cg,
                     adopted=True,
@@ -143,10 +154,13 @@ class Tracker(Supervisor):
             self.launcher.cleanup(rec.spec.job)
             killed.append(rec.spec.job)
             self._remember(rec.spec.job, rec.spec.reruns)
-            if cg is not None and not n:
+            if rec.cgroup and rec.pid and not n:
+                # Its cgroup is empty, or gone: removed by the earlier daemon
+                # when the job ended, before that daemon could report it.
                 log.info("job %s: ended while no daemon ran", rec.spec.display_id)
                 self._emit(self._ended_unseen(rec, cg))
-                cg.remove()
+                if cg is not None:
+                    cg.remove()
                 continue
             if cg is not None:
                 cg.remove()
@@ -155,7 +169,12 @@ class Tracker(Supervisor):
                 rec.spec.display_id,
                 n,
             )
-            why = "its node daemon restarted and could not supervise it; killed"
+            why = (
+                "its node daemon restarted and could not supervise it; killed"
+                if rec.pid
+                else "its node daemon was killed as it started the job, which "
+                "may have run"
+            )
             self._emit(
                 failed_report(
                     rec.spec.job, JobResult.NODE_FAIL, why, rec.spec.reruns, True
@@ -163,9 +182,12 @@ class Tracker(Supervisor):
             )
         return adopted, killed
 
-    def _ended_unseen(self, rec: records.RunRecord, cg: JobCgroup) -> JobEnded:
-        """The end of a job that ended while no daemon of its node ran."""
+    def _ended_unseen(self, rec: records.RunRecord, cg: JobCgroup | None) -> JobEnded:
+        """The end of a job that ended while no daemon of its node ran (what it
+        used is known while its cgroup is)."""
         run = Run(rec.spec, None, rec.pid, rec.start, cg=cg, adopted=True)
+        if cg is None:
+            return ended_report(run, unseen="ended while its node daemon was down")
         run.cputime_s, run.maxrss_kb = cg.cpu_seconds(), cg.peak_kb()
         if cg.oom_kills():
             run.kill_reason = JobResult.OUT_OF_MEMORY
@@ -204,6 +226,22 @@ class Tracker(Supervisor):
             placement = self.cgroups.inside(cg) if self.cgroups and cg else None
             # Taken before the fork: the job may write files before we look up.
             start = time.time()
+            # Recorded before the fork too (pid 0: not known yet), so that a
+            # daemon killed right after it leaves a trace of the job.
+            first = records.RunRecord(
+                node=self.launcher.node,
+                spec=spec,
+                pid=0,
+                start=start,
+                cgroup=records.dirs_of(cg),
+                cpus=list(spec.cpus),
+                limit=float(spec.walltime),
+            )
+            try:
+                records.save(self.launcher.spool, first)
+            except OSError as exc:
+                why = f"cannot record it: {describe_os_error(exc)}"
+                raise LaunchError(why, node_trouble=True) from exc
             popen = self.launcher.spawn(spec, placement)
         except LaunchError as exc:
             if cg is not None:

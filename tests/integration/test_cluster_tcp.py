@@ -66,10 +66,10 @@ class TcpCluster:
         home.mkdir()
         env = self.env(home)
         public = self.c.run("mb", "keys", "init", "--client", env=env).stdout.strip()
-        self.c.run("mb", "keys", "trust", self.server_key, env=env)
+        self.c.run("mb", "keys", "trust", "--", self.server_key, env=env)
         if register is not None:
             kind, who = register
-            self.c.run("mb", "keys", f"add-{kind}", who, public)
+            self.c.run("mb", "keys", f"add-{kind}", "--", who, public)
         return home
 
     def env(self, home: Path) -> dict[str, str]:
@@ -164,7 +164,7 @@ def test_plain_tcp_is_refused(tcp: TcpCluster) -> None:
     # A client trusting another server's key does not get through either.
     host = tcp.host("impostor-trust")
     other = tcp.c.run("mb", "keys", "init", "--client", env=tcp.env(tcp.tmp / "x"))
-    tcp.c.run("mb", "keys", "trust", other.stdout.strip(), env=tcp.env(host))
+    tcp.c.run("mb", "keys", "trust", "--", other.stdout.strip(), env=tcp.env(host))
     proc = tcp.c.run("qstat", env=tcp.env(host), check=False)
     assert "secure handshake" in proc.stderr, proc.stderr
 
@@ -207,7 +207,7 @@ def test_a_node_on_another_host_runs_jobs_as_that_node_only(tcp: TcpCluster) -> 
             what="the node told its key was refused",
         )
         public = tcp.run(node_home, "mb", "keys", "show", "--client").strip()
-        c.run("mb", "keys", "add-node", "node3", public)
+        c.run("mb", "keys", "add-node", "--", "node3", public)
         c.wait_for(  # the node tries again every 5 s
             lambda: "node3" in c.nodes() and c.nodes()["node3"].state == "free",
             timeout=20,
