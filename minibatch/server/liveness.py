@@ -18,7 +18,7 @@ sends heartbeats. The server reconciles what it believes with what the node says
 
 from __future__ import annotations
 
-from minibatch.core.job import ACTIVE_STATES, JobResult
+from minibatch.core.job import ACTIVE_STATES, JobResult, JobState
 from minibatch.errors import NotFound
 from minibatch.protocol.messages import Heartbeat, Kill, NodeHello
 from minibatch.server import malleable, requeue
@@ -57,6 +57,7 @@ def hello(state: ServerState, msg: NodeHello, route: bytes) -> None:
             requeue.lost(state, job, why)
     for jid in sorted(reported - _jobs_on(state, node)):
         state.outbox.append((node.route, Kill(job=jid, result=JobResult.CANCELLED)))
+    _kill_again(state, node, reported)
     malleable.resend(state, node)
     state.publish_node(node)
     state.changed()
@@ -96,6 +97,17 @@ def heartbeat(state: ServerState, msg: Heartbeat, route: bytes) -> None:
             requeue.lost(state, job, f"node {node.name} lost the job")
     for jid in sorted(reported - _jobs_on(state, node)):
         state.outbox.append((node.route, Kill(job=jid, result=JobResult.CANCELLED)))
+    _kill_again(state, node, reported)
+
+
+def _kill_again(state: ServerState, node: Node, reported: set[int]) -> None:
+    """A job being killed (qdel, qrerun) that its node still runs: the Kill may
+    have gone to a daemon that died (the new one re-adopted the job), so it is
+    sent again; the node ignores a repeat."""
+    for jid in sorted(reported & _jobs_on(state, node)):
+        job = state.jobs.get(jid)
+        if job is not None and job.state is JobState.EXITING:
+            state.outbox.append((node.route, Kill(job=jid, result=JobResult.CANCELLED)))
 
 
 def set_offline(state: ServerState, node: Node, offline: bool, comment: str) -> None:

@@ -212,3 +212,21 @@ def test_eligible_time_accrues_only_while_queued(server_state: ServerState, cloc
     assert server_state.start(job.id, ("n0",)) is None
     clock.t += 50  # running: the eligible time stays what it was
     assert (job.queued_since, eligible_time(job, clock.t)) == (None, 15)
+
+
+def test_a_kill_lost_with_a_dead_daemon_is_sent_again(server_state: ServerState):
+    (job,) = server_state.submit(spec(), ME)
+    server_state.start(job.id, ("n0",))
+    _ran(job)
+    server_state.cancel(job)  # the Kill goes to a daemon that has just died
+    assert job.state is JobState.EXITING
+    server_state.outbox.clear()
+    liveness.hello(
+        server_state,
+        NodeHello(name="n0", cpus=[0, 1], mem_kb=None, pid=777, running=[job.id]),
+        b"new-route",
+    )
+    assert (b"new-route", Kill(job=job.id, result=JobResult.CANCELLED)) in (
+        server_state.outbox
+    )
+    assert job.state is JobState.EXITING  # re-adopted: it ends when its node says
