@@ -38,7 +38,13 @@ def test_acct_swf_of_a_live_run_replays_in_mb_compare(
     c = cluster(nodes=1, cpus_per_node=1)
     gate = c.work / "go"
     first = c.qsub(
-        "-N", "first", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"
+        "-N",
+        "first",
+        "--",
+        "sh",
+        "-c",
+        # At least a second: a run of 0 whole seconds is not a job to replay.
+        f"sleep 1; while [ ! -e {gate} ]; do sleep 0.05; done",
     )
     c.wait_state(first, "running")
     second = c.qsub("-N", "second", "-l", "walltime=60", "--", "sleep", "1")
