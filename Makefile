@@ -25,7 +25,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(BIN)/mb demo
+	$(BIN)/mb demo $(if $(QUICK),--quick)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check minibatch tests daemons
@@ -35,11 +35,15 @@ typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
 # Debian packages the tests start rather than skip: mosquitto (the MQTT tests run
-# against both brokers) and systemd-analyze (the units are verified).
+# against both brokers), systemd-analyze (the units are verified), tmux (mb top
+# runs in a real terminal) and chromium (mb web's page, driven by playwright: no
+# browser download).
 system-packages:
 	@missing=""; \
 	command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	command -v tmux >/dev/null || missing="$$missing tmux"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

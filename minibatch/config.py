@@ -280,9 +280,11 @@ class FairshareConfig(
 class MqttConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     #: Empty: ``mb up`` starts a broker on a free loopback port.
     url: str = ""
-    #: The broker ``mb up`` starts: the embedded amqtt, or Debian's mosquitto.
-    #: Either way only the server may publish (``run/mqtt.credentials``).
-    broker: Literal["amqtt", "mosquitto"] = "amqtt"
+    #: The broker ``mb up`` starts: Debian's mosquitto (a C broker, a third of
+    #: the embedded one's CPU per event), the embedded amqtt, or "auto":
+    #: mosquitto when it is installed. Either way only the server may publish
+    #: (``run/mqtt.credentials``).
+    broker: Literal["auto", "amqtt", "mosquitto"] = "auto"
     topic_prefix: str = "minibatch/v1"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -22,6 +22,7 @@ from minibatch.cli import (
     policy,
     qstat,
     qsub,
+    replay,
     report,
     resv,
     showq,
@@ -29,6 +30,8 @@ from minibatch.cli import (
     slurmacct,
     slurmcmds,
     slurmctl,
+    watch,
+    whatif,
 )
 from minibatch.errors import MinibatchError
 
@@ -85,9 +88,12 @@ for _name, _command in (
     app.command(_name, context_settings={"help_option_names": ["--help"]})(_command)
 app.add_typer(policy.policy_app, name="policy")
 app.add_typer(keys.keys_app, name="keys")
+app.command("watch", context_settings=watch.CONTEXT_SETTINGS)(watch.watch_command)
 app.command("sim")(sim.sim_command)
 app.command("report")(report.report_command)
 app.command("compare")(sim.compare_command)
+app.command("replay")(replay.replay_command)
+app.command("whatif")(whatif.whatif_command)
 app.command("experiment")(sim.experiment_command)
 bench_app.command("sim")(sim.bench_sim)
 bench_app.command("scheduler")(bench_scheduler)
@@ -102,7 +108,11 @@ def up(
         int | None, typer.Option("--cpus-per-node", "-c", help="CPUs of each node.")
     ] = None,
     oversubscribe: Annotated[
-        bool, typer.Option(help="Let nodes share real cores when there are too few.")
+        bool,
+        typer.Option(
+            help="When there are too few cores, give each node virtual CPUs "
+            "(numbered 0..N-1, carried by the real cores round-robin)."
+        ),
     ] = False,
     wait: Annotated[
         float, typer.Option(help="Seconds to wait for the cluster.")
@@ -194,23 +204,89 @@ def status(
             if "limits" in d:
                 where += f"  {d['state']}, limits by {d['limits']}"
                 where += f" ({d['comment']})" if d.get("comment") else ""
+            if "virtual" in d:
+                where += f"; {d['virtual']}"
             typer.echo(f"  {d['name']:<14} {state:<12} {where}")
-        typer.echo(f"  events         {info['mqtt_url'] or 'off'}")
+        typer.echo(f"  events         {info['mqtt_url'] or 'off'}{_events(info)}")
         if not info["up"]:
             raise typer.Exit(1)
 
 
+def _events(info: dict[str, Any]) -> str:
+    counts = info.get("events") or {}
+    if not counts:
+        return ""
+    line = f"  {counts['sent']} sent"
+    if not counts["connected"]:
+        line += f", broker unreachable, {counts['pending']} buffered"
+    if counts["dropped"]:
+        line += f", {counts['dropped']} dropped (buffer full)"
+    return line
+
+
+@app.command()
+def top() -> None:
+    """A live dashboard: nodes, queue, running jobs, passes; keys act on jobs."""
+    with common.reporting("mb top"):
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            common.fail("mb top", "needs a terminal (for a log of events: mb watch)")
+        paths, config = common.home()
+        # textual is imported here only: other commands do not pay for it.
+        from minibatch.top.app import run_top
+
+        run_top(paths, config)
+
+
+@app.command()
+def web(
+    port: Annotated[
+        int,
+        typer.Option(
+            "--port", "-p", min=0, max=65535, help="Port on 127.0.0.1 (0: any free)."
+        ),
+    ] = 8642,
+) -> None:
+    """A live page on 127.0.0.1: Gantt chart, nodes, queue, events (read-only)."""
+    with common.reporting("mb web"):
+        paths, config = common.home()
+        from minibatch.web.server import serve
+
+        serve(paths, config, port)
+
+
 @app.command()
 def demo(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="6x faster (under a minute; for CI).")
+    ] = False,
+    top: Annotated[
+        bool, typer.Option("--top", help="Show mb top while it runs (a terminal).")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Which mix of seed 004's recipe.")] = 1,
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="Where the table and plots go.")
+    ] = "mb-demo",
+    tour: Annotated[
+        bool,
+        typer.Option(
+            "--tour", help="Instead: a tour of the commands on a small workload."
+        ),
+    ] = False,
     keep: Annotated[
         bool, typer.Option(help="Leave the cluster running afterwards.")
     ] = False,
 ) -> None:
-    """Start a local cluster, run a real workload on it, and show the result."""
-    from minibatch.cli.demo import run_demo
-
+    """Seed 004's job mix, live on virtual CPUs, under PBS FIFO then Maui
+    backfill with fairshare, side by side."""
     with common.reporting("mb demo"):
-        run_demo(keep=keep)
+        if tour:
+            from minibatch.cli.tour import run_tour
+
+            run_tour(keep=keep)
+            return
+        from minibatch.cli.demo import run_demo
+
+        run_demo(quick=quick, top=top, seed=seed, out=out, keep=keep)
 
 
 @bench_app.command("throughput")

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from minibatch.cli.attrs import option_attrs
+from minibatch.cluster.layout import carried
 from minibatch.core.job import (
     ACTIVE_STATES,
     Job,
@@ -485,6 +486,15 @@ def pbsnodes_full(nodes: Sequence[NodeInfo]) -> str:
             lines.append(f"     gpus = {node.gpus}")
         if node.comment:
             lines.append(f"     note = {node.comment}")
+        if cores := carried(node.real_cpus):
+            each = "; ".join(
+                f"{format_cpu_list(cpus)} on core {core}"
+                for core, cpus in sorted(cores.items())
+            )
+            lines.append(
+                f"     virtual = CPUs {format_cpu_list(node.cpus)} are virtual, "
+                f"carried by real cores {format_cpu_list(list(cores))}: {each}"
+            )
         if node.shared_cpus:
             shared = ",".join(map(str, sorted(node.shared_cpus)))
             lines.append(
@@ -517,6 +527,8 @@ def node_record(node: NodeInfo) -> dict[str, Any]:
         "jobs": {str(job): list(cpus) for job, cpus in sorted(node.jobs.items())},
         "shared_cpus": list(node.shared_cpus),
         "oversubscribed": bool(node.shared_cpus),
+        # Real core -> the virtual CPUs it carries; {} when the CPUs are real.
+        "real_cores": {str(c): v for c, v in carried(node.real_cpus).items()},
         "comment": node.comment,
         "last_heartbeat": node.last_heartbeat,
         "pid": node.pid,

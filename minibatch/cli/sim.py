@@ -301,7 +301,7 @@ def compare_command(
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress")] = None,
 ) -> None:
     """Run several policies on TRACE side by side (or a recorded run vs its replay)."""
-    from minibatch.metrics.table import compare_table, grid, number
+    from minibatch.metrics.table import compare_table
     from minibatch.sim import compare as comparing
     from minibatch.sim import runner
 
@@ -312,34 +312,7 @@ def compare_command(
             malleable, malleable_range, runtime_model,
         )  # fmt: skip
         if live_vs_sim:
-            result = comparing.live_vs_sim(config)
-            stats = result.summary()
-            rows = [[k, number(v)] for k, v in stats.items()]
-            typer.echo(
-                grid([f"{config.policy}: simulated vs recorded start", ""], rows)
-            )
-            worst = sorted(result.deltas, key=lambda d: -abs(d.delta))[:10]
-            typer.echo(
-                grid(
-                    ["job", "user", "recorded start", "simulated start", "delta (s)"],
-                    [
-                        [
-                            str(d.job),
-                            d.user,
-                            number(d.trace_start),
-                            number(d.sim_start),
-                            number(d.delta),
-                        ]
-                        for d in worst
-                    ],
-                ),
-                nl=False,
-            )
-            if out is not None:
-                runner.write_run(result.run, out)
-                comparing.write_deltas(Path(out) / "starts.csv", result.deltas)
-                runner.write_summary(Path(out) / "live_vs_sim.json", stats)
-                typer.echo(f"\nwrote {out}/starts.csv")
+            show_live_vs_sim(config, out)
             return
         names = [p.strip() for p in policies.split(",") if p.strip()]
         if not names:
@@ -357,6 +330,43 @@ def compare_command(
             nl=False,
         )
         typer.echo(f"\nwrote runs{' and plots' if plots else ''} to {target}")
+
+
+def show_live_vs_sim(config: SimConfig, out: str | Path | None) -> None:
+    """Replay ``config.trace`` (a recorded run) and print how far each job's
+    simulated start is from the recorded one (``mb compare --live-vs-sim``,
+    ``mb replay``); with ``out``, write the run, ``starts.csv`` and
+    ``live_vs_sim.json`` there."""
+    from minibatch.metrics.table import grid, number
+    from minibatch.sim import compare as comparing
+    from minibatch.sim import runner
+
+    result = comparing.live_vs_sim(config)
+    stats = result.summary()
+    rows = [[k, number(v)] for k, v in stats.items()]
+    typer.echo(grid([f"{config.policy}: simulated vs recorded start", ""], rows))
+    worst = sorted(result.deltas, key=lambda d: -abs(d.delta))[:10]
+    typer.echo(
+        grid(
+            ["job", "user", "recorded start", "simulated start", "delta (s)"],
+            [
+                [
+                    str(d.job),
+                    d.user,
+                    number(d.trace_start),
+                    number(d.sim_start),
+                    number(d.delta),
+                ]
+                for d in worst
+            ],
+        ),
+        nl=False,
+    )
+    if out is not None:
+        runner.write_run(result.run, out)
+        comparing.write_deltas(Path(out) / "starts.csv", result.deltas)
+        runner.write_summary(Path(out) / "live_vs_sim.json", stats)
+        typer.echo(f"\nwrote {out}/starts.csv")
 
 
 # ---------------------------------------------------------- mb experiment

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -26,7 +27,7 @@ import psutil
 
 from minibatch.cluster import layout as layouts
 from minibatch.cluster import stopping
-from minibatch.cluster.layout import NodeLayout
+from minibatch.cluster.layout import NodeLayout, virtual_note
 from minibatch.config import Config, Paths, mqtt_url
 from minibatch.errors import InvalidArgument, MinibatchError, Unavailable
 from minibatch.events import credentials as mqtt_credentials
@@ -42,8 +43,12 @@ from minibatch.protocol.messages import (
 
 #: Seconds a daemon gets between SIGTERM and SIGKILL in :func:`down`.
 STOP_GRACE = 10.0
-#: How often :func:`up` polls while it waits for the daemons.
-POLL = 0.1
+#: How often :func:`up` polls while it waits for the daemons: a connection
+#: attempt to the broker, or one request to the server, each a fraction of a ms.
+POLL = 0.025
+#: The longest :func:`down` sleeps between looks at a stopping daemon; it wakes
+#: as soon as one exits (a pidfd turns readable), so this only bounds a miss.
+EXIT_POLL = 0.5
 #: Node states that do not count as "up" when :func:`up` waits for the nodes.
 NOT_UP = frozenset({"down", "unknown"})
 #: Console script and module of each kind of daemon.
@@ -284,7 +289,7 @@ def up(
             _write_atomic(paths.mqtt_url_file, url + "\n")
             mqtt_credentials.ensure(paths.mqtt_credentials)
             args = ["--port", str(port), "--credentials", str(paths.mqtt_credentials)]
-            if config.mqtt.broker == "mosquitto":
+            if _use_mosquitto(config.mqtt.broker):
                 args.append("--mosquitto")
             run.ensure(Daemon("broker", tuple(args)))
             # Waiting spares the server a logged "broker unavailable" at start.
@@ -362,9 +367,34 @@ def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Proce
     deadline = time.monotonic() + timeout
     while True:
         procs = [p for p in procs if _running(p)]
-        if not procs or time.monotonic() >= deadline:
+        left = deadline - time.monotonic()
+        if not procs or left <= 0:
             return procs
-        time.sleep(POLL / 2)
+        _await_exit(procs, min(left, EXIT_POLL))
+
+
+def _await_exit(procs: list[psutil.Process], timeout: float) -> None:
+    """Return once one of ``procs`` has exited, or after ``timeout`` s.
+
+    A pidfd turns readable when its process exits (zombie or reaped), child or
+    not; without pidfds (Linux < 5.3) this sleeps a short while instead.
+    """
+    fds: list[int] = []
+    try:
+        for proc in procs:
+            try:
+                fds.append(os.pidfd_open(proc.pid))
+            except ProcessLookupError:
+                return  # gone already
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        poller.poll(timeout * 1000)
+    except OSError:
+        time.sleep(min(timeout, POLL))
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -438,14 +468,25 @@ def load_layout(paths: Paths) -> list[NodeLayout] | None:
         return None
 
 
-def _server_nodes(endpoint: str) -> dict[str, NodeInfo]:
-    """The nodes as the server sees them (none when it does not answer)."""
+def _use_mosquitto(choice: str) -> bool:
+    """``[mqtt] broker``: "auto" takes Debian's mosquitto when it is installed."""
+    if choice == "auto":
+        from minibatch.events import mosquitto
+
+        return mosquitto.executable() is not None
+    return choice == "mosquitto"
+
+
+def _ask_server(endpoint: str) -> tuple[dict[str, NodeInfo], dict[str, int]]:
+    """The nodes as the server sees them, and its event counters (nothing
+    when it does not answer)."""
     try:
         with Client(endpoint, 2.0) as client:
             nodes: NodeList = client.call(QueryNodes())
+            server: ServerStatus = client.call(Status())
     except MinibatchError:
-        return {}
-    return {n.name: n for n in nodes.nodes}
+        return {}, {}
+    return {n.name: n for n in nodes.nodes}, server.events
 
 
 def status(paths: Paths, config: Config) -> dict[str, Any]:
@@ -462,7 +503,9 @@ def status(paths: Paths, config: Config) -> dict[str, Any]:
     if not config.mqtt.url or paths.pidfile("broker").exists():
         names.insert(0, "broker")
     url, endpoint = mqtt_url(paths, config), config.server_endpoint(paths)
-    known = _server_nodes(endpoint) if running_pid(paths, Daemon("server")) else {}
+    known, events = (
+        _ask_server(endpoint) if running_pid(paths, Daemon("server")) else ({}, {})
+    )
     daemons: list[dict[str, Any]] = []
     for name in names:
         pid = running_pid(paths, Daemon(name))
@@ -478,6 +521,8 @@ def status(paths: Paths, config: Config) -> dict[str, Any]:
             lay = layout.get(name[5:]) or NodeLayout(name=name[5:], cpus=[])
             entry.update(node=lay.name, cpus=lay.cpus, mem=lay.mem)
             entry["shared_cpus"] = lay.shared_cpus
+            if lay.real_cpus:
+                entry["virtual"] = virtual_note(lay.real_map())
             if (info := known.get(lay.name)) is not None:
                 entry.update(state=info.state, comment=info.comment)
                 entry["limits"] = info.enforcement
@@ -486,6 +531,7 @@ def status(paths: Paths, config: Config) -> dict[str, Any]:
         "home": str(paths.home),
         "up": all(d["alive"] for d in daemons),
         "mqtt_url": url,
+        "events": events,
         "server_endpoint": endpoint,
         "layout": [msgspec.structs.asdict(n) for n in layout.values()],
         "daemons": daemons,

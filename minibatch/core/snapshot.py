@@ -193,3 +193,6 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     #: shortcut until the next plan. A policy that reorders the queue (or wraps
     #: one that does not, handing it a reordered snapshot) must leave it False.
     upcoming_by_submission: bool = False
+    #: Starts made while a job ahead of them holds a reservation (backfills):
+    #: reported in the scheduler's pass event, never used to decide anything.
+    backfilled: list[int] = []

@@ -11,6 +11,11 @@ Delivery is at least once for what was buffered: an event whose write was
 interrupted is sent again after the reconnection. QoS 0 events written to the
 socket in the instant before a broker dies can still be lost (TCP accepted them);
 pass ``qos=1`` for an event that must survive that.
+
+States, as opposed to events (a node's state, the policy in force), are published
+retained, so a subscriber that arrives later learns them at once. A broker that
+restarts forgets retained messages, so each reconnection publishes the latest of
+each again.
 """
 
 from __future__ import annotations
@@ -56,6 +61,15 @@ def node_topic(prefix: str, name: str) -> str:
     return f"{prefix.rstrip('/')}/nodes/{name}/state"
 
 
+def is_state(topic_suffix: str) -> bool:
+    """Whether a topic holds a state (published retained) rather than an event:
+    a node's state, the policy in force, the last scheduling pass."""
+    return topic_suffix.startswith("nodes/") or topic_suffix in _STATES
+
+
+_STATES = frozenset({"sched/policy", "sched/pass"})
+
+
 class BrokerAddress(NamedTuple):
     host: str
     port: int
@@ -97,6 +111,7 @@ class _Event(NamedTuple):
     topic: str
     payload: bytes
     qos: int
+    retain: bool = False
 
 
 class _BrokerLost(Exception):
@@ -145,6 +160,9 @@ class EventPublisher:
         self._connected = False
         self._overflow_warned = False
         self._task: asyncio.Task[None] | None = None
+        #: The latest event of each retained topic, published again after each
+        #: reconnection (the broker may have restarted and forgotten it).
+        self._states: dict[str, _Event] = {}
         self.sent = 0
         self.dropped = 0
 
@@ -165,7 +183,9 @@ class EventPublisher:
         """Events buffered or being written, not yet known to be sent."""
         return len(self._buf) + len(self._inflight)
 
-    def publish(self, topic_suffix: str, payload: Any, qos: int = 0) -> None:
+    def publish(
+        self, topic_suffix: str, payload: Any, qos: int = 0, retain: bool = False
+    ) -> None:
         """Queue one event; never blocks and never raises for a broker problem.
 
         Args:
@@ -173,6 +193,7 @@ class EventPublisher:
             payload: Anything msgspec can encode as JSON (dicts, Structs, ...);
                 encoded now, so the caller may mutate it afterwards.
             qos: MQTT QoS; 0 is the cheap default, 1 waits for the broker's ack.
+            retain: A state: the broker keeps the latest for new subscribers.
 
         Raises:
             TypeError: ``payload`` cannot be encoded as JSON (a caller bug).
@@ -180,7 +201,9 @@ class EventPublisher:
         if self.address is None:
             return
         topic = f"{self.prefix}/{topic_suffix}"
-        event = _Event(topic, self._encoder.encode(payload), qos)
+        event = _Event(topic, self._encoder.encode(payload), qos, retain)
+        if retain:
+            self._states[topic] = event
         if len(self._buf) == self._buf.maxlen:
             self._note_dropped(1)
         self._buf.append(event)
@@ -193,8 +216,17 @@ class EventPublisher:
         self.publish(f"jobs/{job_id}/{event}", payload)
 
     def node_state(self, name: str, payload: Any) -> None:
-        """Publish to ``{prefix}/nodes/<name>/state``."""
-        self.publish(f"nodes/{name}/state", payload)
+        """Publish to ``{prefix}/nodes/<name>/state``, retained."""
+        self.publish(f"nodes/{name}/state", payload, retain=True)
+
+    def stats(self) -> dict[str, int]:
+        """Counters for ``mb status``: sent, buffered, dropped, connected."""
+        return {
+            "sent": self.sent,
+            "pending": self.pending,
+            "dropped": self.dropped,
+            "connected": int(self._connected),
+        }
 
     def _note_dropped(self, count: int) -> None:
         self.dropped += count
@@ -234,6 +266,7 @@ class EventPublisher:
                         lost_at = None
                     else:
                         log.info("publishing events to %s", self.url)
+                    self._restate()
                     await self._session(client)
             except (aiomqtt.MqttError, _BrokerLost, OSError) as exc:
                 if lost_at is None:
@@ -258,6 +291,16 @@ class EventPublisher:
                 self._requeue_inflight()
             await asyncio.sleep(delay)
             delay = min(delay * BACKOFF_FACTOR, BACKOFF_MAX)
+
+    def _restate(self) -> None:
+        """Put the latest state of each retained topic at the head of the buffer,
+        unless a newer one is already queued behind it."""
+        queued = {e.topic for e in self._buf if e.retain}
+        queued.update(e.topic for e in self._inflight if e.retain)
+        stale = [e for t, e in self._states.items() if t not in queued]
+        room = (self._buf.maxlen or 0) - len(self._buf)
+        # Never at the cost of an event: states are re-sent only where there is room.
+        self._buf.extendleft(reversed(stale[: max(room, 0)]))
 
     def _client(self, aiomqtt: Any) -> Any:
         assert self.address is not None
@@ -331,11 +374,13 @@ class EventPublisher:
             for i, event in enumerate(batch):
                 last = i == len(batch) - 1
                 if fast and event.qos == 0 and not last:
-                    info = paho.publish(event.topic, event.payload, 0)
+                    info = paho.publish(event.topic, event.payload, 0, event.retain)
                     if info.rc != 0:
                         raise _BrokerLost(f"paho publish returned {info.rc}")
                 else:
-                    await client.publish(event.topic, event.payload, qos=event.qos)
+                    await client.publish(
+                        event.topic, event.payload, qos=event.qos, retain=event.retain
+                    )
                     written = i + 1
         finally:
             # Keep only the unconfirmed tail for re-sending.

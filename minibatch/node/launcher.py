@@ -7,7 +7,9 @@ another way:
 
 * **CPU affinity** is set on the daemon's own thread just before the spawn and
   restored right after; the child inherits the mask at fork, so the job never runs
-  a single instruction on a CPU it was not given.
+  a single instruction on a CPU it was not given. A node with virtual CPUs (more
+  than the machine has) binds the job to the real cores behind them, while its
+  environment (``MB_CPU_LIST``, the counts) names the node's CPUs.
 * **Identity**: ``user=``/``group=``/``extra_groups=`` switch to the submitting user
   (only when the daemon is root and the uid differs; a daemon that is not root runs
   jobs of its own user only).
@@ -259,8 +261,8 @@ class Launcher:
         node: the node's name (``MB_NODE``; also names its leftover processes).
         home: the cluster's home (``MB_HOME``), told apart from other clusters'.
         spool: where scripts and node files are written.
-        cpu_map: node CPU id -> machine CPU id, when a node names CPUs the machine
-            does not have (several nodes sharing few cores); identity otherwise.
+        cpu_map: node CPU id -> the real core that runs it, when the node's
+            CPUs are virtual (several nodes sharing few cores); identity otherwise.
     """
 
     def __init__(
@@ -283,6 +285,8 @@ class Launcher:
         spool.mkdir(mode=0o755, parents=True, exist_ok=True)
 
     def physical_cpus(self, cpus: list[int]) -> list[int]:
+        """The real cores behind the node CPUs ``cpus`` (fewer when some of
+        them share a core)."""
         return sorted({self.cpu_map.get(c, c) for c in cpus})
 
     def spawn(
@@ -309,6 +313,8 @@ class Launcher:
             tmpdir = self._tmpdir(spec, ident)
             cpuset = ""
             if spec.malleable:
+                # The real cores, as the job's affinity says: a program pins
+                # its threads to what the file lists (minibatch.malleable).
                 cpuset = str(self.cpuset_path(spec.job))
                 write_cpuset(Path(cpuset), cpus)
             env = job_environment(
@@ -316,7 +322,7 @@ class Launcher:
                 node=self.node,
                 home=self.home,
                 ident=ident,
-                cpus=cpus,
+                cpus=list(spec.cpus),
                 nodefile=str(nodefile),
                 cpuset_file=cpuset,
                 resize_signal=self.resize_signal,

@@ -38,7 +38,10 @@ import os
 import shutil
 import signal
 
+import msgspec
+
 from minibatch import config as mbconfig
+from minibatch.cluster import layout as layouts
 from minibatch.config import Config, Paths
 from minibatch.core.job import JobResult
 from minibatch.core.units import format_cpu_list, parse_cpu_list, parse_size_kb
@@ -85,11 +88,11 @@ _SPOOL_FREE = 16 << 20
 
 
 def cpu_map(cpus: list[int], available: set[int]) -> dict[int, int]:
-    """Node CPU id -> machine CPU id.
+    """Node CPU id -> machine CPU id, for a node given no ``--real-cpus``.
 
-    A node may name CPUs the machine does not have (several nodes sharing a few
-    cores); those wrap around the available ones by id, so nodes ``0-3`` and
-    ``4-7`` on a 4-core machine share cores 0-3 the same way.
+    A node may name CPUs the machine does not have (a layout written before
+    ``--real-cpus`` existed); those wrap around the available ones by id, so
+    nodes ``0-3`` and ``4-7`` on a 4-core machine share cores 0-3 the same way.
     """
     allowed = sorted(available)
     return {c: c if c in available else allowed[c % len(allowed)] for c in cpus}
@@ -105,7 +108,10 @@ class NodeDaemon:
         paths: Paths,
         config: Config,
         server: str = "",
+        cores: dict[int, int] | None = None,
     ) -> None:
+        """``cores``: node CPU id -> the real core that runs it, when the
+        node's CPUs are virtual (default: :func:`cpu_map`)."""
         self.name = name
         self.cpus = cpus
         self.mem_kb = mem_kb
@@ -113,14 +119,12 @@ class NodeDaemon:
         self.paths = paths
         self.config = config
         self.endpoint = server or config.client_endpoint(paths)
-        mapping = cpu_map(cpus, os.sched_getaffinity(0))
-        if any(c != p for c, p in mapping.items()):
-            log.warning(
-                "node %s: CPUs %s are not all on this machine; they share CPUs %s",
-                name,
-                format_cpu_list(cpus),
-                format_cpu_list(sorted(set(mapping.values()))),
-            )
+        mapping = cores or cpu_map(cpus, os.sched_getaffinity(0))
+        #: The real core behind each virtual CPU, told to the server for
+        #: pbsnodes and mb status (empty when every id is its own core).
+        self.real_cpus: dict[int, int] = {}
+        if cores or any(c != p for c, p in mapping.items()):
+            self.real_cpus = dict(mapping)
         self.launcher = Launcher(
             name,
             str(paths.home),
@@ -169,13 +173,14 @@ class NodeDaemon:
         self._client = AsyncClient(self.endpoint, self._on_message)
         self._client.start()
         log.info(
-            "node %s (pid %d) serving CPUs %s, server %s; limits by %s; %d job(s) "
-            "re-adopted",
+            "node %s (pid %d) serving CPUs %s, server %s; limits by %s%s; %d "
+            "job(s) re-adopted",
             self.name,
             os.getpid(),
             format_cpu_list(self.cpus),
             self.endpoint,
             self.cgroups.describe(),
+            f"; {layouts.virtual_note(self.real_cpus)}" if self.real_cpus else "",
             len(adopted),
         )
         tasks = [
@@ -234,6 +239,7 @@ class NodeDaemon:
             shared_cpus=self.shared_cpus,
             running=self._claimed(),
             enforcement=self.cgroups.describe(),
+            real_cpus=self.real_cpus,
         )
 
     async def _call(self, body: Message) -> bool:
@@ -376,7 +382,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--name", required=True, help="node name, as the server knows it")
     p.add_argument("--cpus", help="CPU ids this node owns, e.g. 0-3")
     p.add_argument("--mem", help="memory for jobs, e.g. 4gb (default: unlimited)")
-    p.add_argument("--shared-cpus", help="CPU ids also used by other nodes, e.g. 0,1")
+    p.add_argument(
+        "--real-cpus",
+        help="the real core behind each CPU of --cpus, in increasing CPU order, "
+        "e.g. 0,1,0,1 for --cpus 0-3 on 2 cores: the node's CPUs are virtual "
+        "(default: each CPU id is its own core)",
+    )
+    p.add_argument(
+        "--shared-cpus", help="CPU ids whose cores other nodes also use, e.g. 0,1"
+    )
     p.add_argument(
         "--server",
         default="",
@@ -411,6 +425,56 @@ def node_settings(
     return cpus, parse_size_kb(mem) if mem else None, shared
 
 
+def virtual_layout(
+    args: argparse.Namespace,
+    config: Config,
+    cpus: list[int],
+    shared: list[int],
+    available: set[int],
+) -> layouts.NodeLayout | None:
+    """This node when its CPUs are virtual: on the cores ``--real-cpus``
+    names, or (CPUs from ``[[nodes]]`` that this machine lacks) on the cores
+    ``mb up`` would give them. None when its CPU ids are real ones (or ids the
+    machine lacks with no cores named, which :func:`cpu_map` wraps).
+
+    Raises:
+        InvalidArgument: ``--real-cpus`` malformed, of another length than the
+            CPUs, or naming a core this process may not use.
+    """
+    if args.real_cpus:
+        try:
+            cores = [int(c) for c in args.real_cpus.split(",")]
+        except ValueError:
+            raise InvalidArgument(
+                f"malformed --real-cpus {args.real_cpus!r} (core ids, e.g. 0,1,0,1)"
+            ) from None
+        if len(cores) != len(cpus):
+            raise InvalidArgument(
+                f"--real-cpus names {len(cores)} cores for the {len(cpus)} CPUs "
+                f"{format_cpu_list(cpus)}: one core per CPU, in increasing CPU order"
+            )
+        outside = sorted(set(cores) - available)
+        if outside:
+            raise InvalidArgument(
+                f"--real-cpus names core {format_cpu_list(outside)}, which this "
+                f"process may not use (it may use {format_cpu_list(sorted(available))})"
+            )
+        return layouts.NodeLayout(
+            name=args.name, cpus=cpus, real_cpus=cores, shared_cpus=shared
+        )
+    if args.cpus is not None or not config.oversubscribe:
+        return None
+    if available.issuperset(cpus):
+        return None  # no virtual CPU: every id is its own core
+    # Started from the config alone (systemd): the cores mb up would give.
+    node = next(
+        n for n in layouts.from_config(config, available) if n.name == args.name
+    )
+    if args.shared_cpus is not None:
+        return msgspec.structs.replace(node, shared_cpus=shared)
+    return node
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     setup_logging("mb-node", args.verbose)
@@ -418,8 +482,20 @@ def main(argv: list[str] | None = None) -> int:
         paths = Paths.from_env()
         config = mbconfig.load(paths)
         cpus, mem_kb, shared = node_settings(args, config)
+        cores = None
+        virtual = virtual_layout(args, config, cpus, shared, os.sched_getaffinity(0))
+        if virtual is not None:
+            cores = dict(zip(virtual.cpus, virtual.real_cpus, strict=True))
+            shared = virtual.shared_cpus
         daemon = NodeDaemon(
-            args.name, cpus, mem_kb, shared, paths, config, server=args.server
+            args.name,
+            cpus,
+            mem_kb,
+            shared,
+            paths,
+            config,
+            server=args.server,
+            cores=cores,
         )
         if daemon.endpoint.startswith("tcp://"):
             load_client(paths.keys)  # missing keys: one line now, not a traceback

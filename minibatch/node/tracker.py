@@ -308,10 +308,11 @@ class Tracker(Supervisor):
     def resize(
         self, job: int, cpus: list[int], time_limit: float, seq: int = 0
     ) -> None:
-        """Confine the job to ``cpus`` (node ids), tell it, and answer with a
-        ``JobResized``. A job not running here, or being killed, is answered
-        with an error (and the CPUs it runs on, if any); a resize already
-        applied (a repeat after a server restart) is answered again."""
+        """Confine the job to ``cpus`` (node ids: the real cores behind them
+        when they are virtual), tell it, and answer with a ``JobResized``. A
+        job not running here, or being killed, is answered with an error (and
+        the CPUs it runs on, if any); a resize already applied (a repeat after
+        a server restart) is answered again."""
         run = self._own.jobs.get(job)
         if run is None:
             why = "the job is not running on this node"
@@ -365,8 +366,10 @@ class Tracker(Supervisor):
         self._arm_walltime(run, time_limit)
         self._record(run)
         log.info(
-            "job %s: resized to CPUs %s (%d threads moved, %d processes told)",
+            "job %s: resized to CPUs %s on cores %s (%d threads moved, %d "
+            "processes told)",
             run.spec.display_id,
+            format_cpu_list(cpus),
             format_cpu_list(physical),
             moved,
             len(signalled),

@@ -33,6 +33,7 @@ class Pass:
         "now",
         "book",
         "starts",
+        "backfilled",
         "reasons",
         "predicted",
         "failed",
@@ -51,6 +52,7 @@ class Pass:
         self.now = snap.now
         self.book = Book(snap)
         self.starts: list[Start] = []
+        self.backfilled: list[int] = []
         self.reasons: dict[int, str] = {}
         self.predicted: dict[int, float] = {}
         #: (view, shape) -> the shortest walltime end known not to fit now; the
@@ -116,6 +118,8 @@ class Pass:
             self.starts.append(Start(job.id, (names[nodes[0]],)))
         else:
             self.starts.append(Start(job.id, tuple([names[i] for i in nodes])))
+        if self.counts:  # a job ahead of this one holds a reservation
+            self.backfilled.append(job.id)
         self.failed.clear()
         self.failed_general.clear()
         count, ppn, mem, gpus = shape
@@ -252,6 +256,7 @@ class Pass:
             default_reason=default,
             upcoming=self._upcoming(order),
             upcoming_by_submission=by_submission,
+            backfilled=self.backfilled,
         )
 
     def _upcoming(self, order: Iterable[PendingView]) -> list[int]:

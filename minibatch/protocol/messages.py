@@ -57,6 +57,9 @@ class ServerStatus(_Msg, frozen=True, kw_only=True, tag="server_status"):
     nodes: dict[str, str]
     scheduler_pid: int | None
     jobs: dict[str, int]
+    #: MQTT events: sent, pending (buffered), dropped (past the buffer's
+    #: bound while the broker was away), connected (1 or 0).
+    events: dict[str, int] = {}
 
 
 class Submit(_Msg, frozen=True, kw_only=True, tag="submit"):
@@ -134,6 +137,8 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     features: list[str] = []
     gpus: int = 0
     enforcement: str = ""
+    #: CPU id -> real core, for virtual CPUs (see ``NodeHello.real_cpus``).
+    real_cpus: dict[int, int] = {}
 
 
 class QueryNodes(_Msg, frozen=True, kw_only=True, tag="query_nodes"):
@@ -333,7 +338,11 @@ class Wake(_Msg, frozen=True, kw_only=True, tag="wake"):
 
 
 class GetSnapshot(_Msg, frozen=True, kw_only=True, tag="get_snapshot"):
-    """-> SnapshotReply"""
+    """-> SnapshotReply. From the scheduler: the snapshot of the pass it plans
+    next (the server awaits its plan). ``peek``: a look for any user (``mb
+    whatif``) that changes nothing."""
+
+    peek: bool = False
 
 
 class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot"):
@@ -343,9 +352,15 @@ class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot"):
 
 
 class ApplyPlan(_Msg, frozen=True, kw_only=True, tag="apply_plan"):
-    """-> PlanResult. The server validates every start against current state."""
+    """-> PlanResult. The server validates every start against current state.
+
+    ``elapsed`` (seconds the policy took) and ``pending`` (jobs it planned) are
+    for the pass event (``sched/pass``) only.
+    """
 
     plan: Plan
+    elapsed: float = 0.0
+    pending: int = 0
 
 
 class PlanResult(_Msg, frozen=True, kw_only=True, tag="plan_result"):
@@ -367,6 +382,9 @@ class NodeHello(_Msg, frozen=True, kw_only=True, tag="node_hello"):
     running: list[int] = []
     #: How the node enforces CPUs and memory ("cgroup v1", or why it cannot).
     enforcement: str = ""
+    #: CPU id -> the real core that runs it, when the node's CPUs are virtual
+    #: (``mb up --oversubscribe``); empty when each id is its own core.
+    real_cpus: dict[int, int] = {}
 
 
 class JobUsage(msgspec.Struct, frozen=True, array_like=True):

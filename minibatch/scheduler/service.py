@@ -153,7 +153,9 @@ class Scheduler:
         # meanwhile, and wakes that arrive during the pass just set the event.
         plan = self.plan(snap)
         elapsed = time.perf_counter() - t0
-        result: PlanResult = await self.client.call(ApplyPlan(plan=plan))
+        result: PlanResult = await self.client.call(
+            ApplyPlan(plan=plan, elapsed=elapsed, pending=len(snap.pending))
+        )
         self.passes += 1
         if result.rejected:
             log.info(

@@ -48,6 +48,8 @@ class Context:
     #: ``[scheduler.policy_modules]``: the policies the configuration names
     #: besides the installed ones (``mb policy set`` chooses by name only).
     policy_modules: dict[str, str] = field(default_factory=dict)
+    #: The event publisher's counters (sent, pending, dropped, connected).
+    event_stats: Callable[[], dict[str, int]] = dict
 
     def is_daemon(self, caller: Caller | None) -> bool:
         if caller is None:

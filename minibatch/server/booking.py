@@ -123,9 +123,15 @@ def set_policy(
     state.queue.upcoming.clear()  # the old policy's order
     state.store.put_setting("policy", msgspec.to_builtins(choice))
     log.info("policy set to %s %s by %s", name, params, user)
-    state.events.append(("sched/policy", msgspec.to_builtins(choice)))
+    announce_policy(state)
     state.changed()
     return choice
+
+
+def announce_policy(state: ServerState) -> None:
+    """Publish the policy in force (``sched/policy``, retained: a view that
+    connects later learns it)."""
+    state.events.append(("sched/policy", msgspec.to_builtins(state.policy)))
 
 
 # ------------------------------------------------------------ reservations

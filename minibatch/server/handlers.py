@@ -35,7 +35,7 @@ from minibatch.protocol.messages import (
     Submit,
     Submitted,
 )
-from minibatch.server import admin, jobops, liveness, malleable, requeue
+from minibatch.server import admin, jobops, liveness, malleable, requeue, views
 from minibatch.server.access import (
     Context,
     Handler,
@@ -43,6 +43,7 @@ from minibatch.server.access import (
     need_daemon,
     visible,
 )
+from minibatch.server.records import pass_event
 from minibatch.server.state import ServerState
 from minibatch.server.submit import Caller
 
@@ -71,6 +72,7 @@ def status(
         nodes={n.name: n.state.value for n in state.nodes.nodes.values()},
         scheduler_pid=state.scheduler_pid,
         jobs=counts,
+        events=ctx.event_stats(),
     )
 
 
@@ -274,9 +276,15 @@ def get_snapshot(
     ident: bytes,
     msg: GetSnapshot,
 ) -> Message:
-    need_daemon(ctx, caller)
-    snap = state.snapshot()
-    state.plan_pending_since = snap.now
+    if msg.peek:
+        # What diagnose shows anyone (no scripts, environments or arguments),
+        # taken without the scheduler's bookkeeping: no plan is pending on it.
+        need_caller(caller)
+        snap = views.snapshot(state, state.clock())
+    else:
+        need_daemon(ctx, caller)
+        snap = state.snapshot()
+        state.plan_pending_since = snap.now
     return SnapshotReply(
         snapshot=snap, policy=state.policy.name, params=state.policy.params
     )
@@ -297,6 +305,9 @@ def apply_plan(
         # start of it would leave a hole in its upcoming jobs until the next.
         state.queue.upcoming.clear()
     state.plan_pending_since = None
+    state.events.append(
+        ("sched/pass", pass_event(msg, started, rejected, state.clock(), state.policy))
+    )
     return PlanResult(started=started, rejected=rejected)
 
 
@@ -375,16 +386,7 @@ def job_ended(
         if msg.requeue:
             requeue.stopped_node(state, job, msg)
             return Ok()
-        state.job_ended(
-            job,
-            msg.result,
-            exit_status=msg.exit_status,
-            signal=msg.signal,
-            end_time=msg.end_time,
-            cputime_s=msg.cputime_s,
-            maxrss_kb=msg.maxrss_kb,
-            comment=msg.comment,
-        )
+        requeue.end_as_reported(state, job, msg)
     return Ok()
 
 

@@ -289,12 +289,19 @@ def trace_job(
     msg: TraceJob,
 ) -> Message:
     jobs = state.select(msg.selector, finished=True)
+    shown = [visible(ctx, caller, job) for job in jobs]
     events = [
-        TraceEvent(job=job.id, time=t, event=event, detail=detail)
-        for job in jobs
+        TraceEvent(
+            job=job.id,
+            time=t,
+            event=event,
+            # The submission's arguments, which only the job's owner may see.
+            detail="" if event == "submitted" and whole is not job else detail,
+        )
+        for job, whole in zip(jobs, shown, strict=True)
         for t, event, detail in state.store.events_of(job.id)
     ]
-    return JobTrace(jobs=[visible(ctx, caller, job) for job in jobs], events=events)
+    return JobTrace(jobs=shown, events=events)
 
 
 HANDLERS: dict[type, Handler] = {

@@ -47,7 +47,7 @@ def hello(state: ServerState, msg: NodeHello, route: bytes) -> None:
     node.route = route
     node.misses = {}
     node.stopping, node.trouble = False, ""
-    node.enforcement = msg.enforcement
+    node.enforcement, node.real_cpus = msg.enforcement, msg.real_cpus
     state.store.put_node(node)
     reported = set(msg.running)
     for jid in sorted(_jobs_on(state, node)):

@@ -34,6 +34,8 @@ class Node(msgspec.Struct, kw_only=True):
     cpus: list[int]
     mem_kb: int | None = None
     shared_cpus: list[int] = []
+    #: CPU id -> real core when the CPUs are virtual (told by the node).
+    real_cpus: dict[int, int] = {}
     offline: bool = False
     comment: str = ""
     pid: int | None = None
@@ -116,6 +118,7 @@ class Node(msgspec.Struct, kw_only=True):
             features=self.features,
             gpus=self.gpus,
             enforcement=self.enforcement,
+            real_cpus=self.real_cpus,
         )
 
 

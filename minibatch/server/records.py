@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minibatch.core.job import Job, eligible_since, limit_of
 from minibatch.core.snapshot import PendingView
 from minibatch.policy.base import mem_per_node
-from minibatch.protocol.messages import LaunchSpec
+from minibatch.protocol.messages import ApplyPlan, LaunchSpec
+
+if TYPE_CHECKING:
+    from minibatch.server.booking import PolicyChoice
 
 
 def launch_spec(job: Job) -> LaunchSpec:
@@ -41,6 +44,31 @@ def launch_spec(job: Job) -> LaunchSpec:
     )
 
 
+def pass_event(
+    msg: ApplyPlan,
+    started: list[int],
+    rejected: dict[int, str],
+    now: float,
+    policy: PolicyChoice,
+) -> dict[str, Any]:
+    """The JSON payload published for a scheduling pass (``sched/pass``)."""
+    plan = msg.plan
+    backfilled = set(plan.backfilled)
+    return {
+        "time": now,
+        "policy": policy.name,
+        "params": policy.params,
+        "generation": plan.generation,
+        "duration_ms": round(msg.elapsed * 1e3, 3),
+        "pending": msg.pending,
+        "started": len(started),
+        "backfilled": sum(1 for j in started if j in backfilled),
+        "reserved": len(plan.predicted),
+        "resized": len(plan.resizes),
+        "rejected": len(rejected),
+    }
+
+
 def job_event(job: Job, event: str, when: float, detail: str) -> dict[str, Any]:
     """The JSON payload published for a job event."""
     return {
@@ -55,6 +83,15 @@ def job_event(job: Job, event: str, when: float, detail: str) -> dict[str, Any]:
         "exit_status": job.exit_status,
         "node": job.alloc[0].node if job.alloc else None,
         "cpus": job.alloc[0].cpus if job.alloc else [],
+        # What a live view draws without asking the server: every node's CPUs
+        # (multi-node jobs), the request, and the job's times.
+        "alloc": {a.node: a.cpus for a in job.alloc},
+        "ncpus": job.request.cpus,
+        "walltime": job.request.walltime,
+        "queue": job.queue,
+        "submit_time": job.submit_time,
+        "start_time": job.start_time,
+        "end_time": job.end_time,
     }
 
 

@@ -102,6 +102,27 @@ def lost(state: ServerState, job: Job, comment: str) -> None:
         state.job_ended(job, JobResult.NODE_FAIL, comment=comment)
 
 
+def end_as_reported(
+    state: ServerState,
+    job: Job,
+    ended: JobEnded,
+    result: JobResult | None = None,
+    comment: str | None = None,
+) -> None:
+    """End ``job`` as its node reported, with another result or comment when
+    the server knows better."""
+    state.job_ended(
+        job,
+        ended.result if result is None else result,
+        exit_status=ended.exit_status,
+        signal=ended.signal,
+        end_time=ended.end_time,
+        cputime_s=ended.cputime_s,
+        maxrss_kb=ended.maxrss_kb,
+        comment=ended.comment if comment is None else comment,
+    )
+
+
 def stopped_node(state: ServerState, job: Job, ended: JobEnded) -> None:
     """The job's node stopped (``mb down``) under it or refused to start it: it
     goes back to the queue when it never started or may be rerun (PBS's ``-r
@@ -109,13 +130,10 @@ def stopped_node(state: ServerState, job: Job, ended: JobEnded) -> None:
     if job.session_id is None or job.options.rerunnable:
         back_to_queue(state, job, ended.result, ended.exit_status, ended.comment)
         return
-    state.job_ended(
+    end_as_reported(
+        state,
         job,
+        ended,
         JobResult.CANCELLED,
-        exit_status=ended.exit_status,
-        signal=ended.signal,
-        end_time=ended.end_time,
-        cputime_s=ended.cputime_s,
-        maxrss_kb=ended.maxrss_kb,
-        comment="its node stopped, and it is not rerunnable (qsub -r n)",
+        "its node stopped, and it is not rerunnable (qsub -r n)",
     )

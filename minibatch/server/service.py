@@ -32,7 +32,7 @@ from minibatch import config as configuration
 from minibatch.daemon import notify_ready, run_daemon
 from minibatch.errors import ErrorCode, MinibatchError, ProtocolError, StorageError
 from minibatch.events import credentials as mqtt_credentials
-from minibatch.events.publisher import EventPublisher
+from minibatch.events.publisher import EventPublisher, is_state
 from minibatch.net.curve import CurveServer
 from minibatch.net.driver import Frames, SocketDriver
 from minibatch.net.guard import listen
@@ -84,6 +84,7 @@ class Server:
             config.mqtt.topic_prefix,
             credentials=mqtt_credentials.read(paths.mqtt_credentials),
         )
+        self.ctx.event_stats = self.publisher.stats
         self.mailer = mail.Mailer(config.server.sendmail)
         self.acctlog = acctlog.AccountingFile(paths.state / "accounting")
         self.host = os.uname().nodename
@@ -170,7 +171,7 @@ class Server:
             self._send(identity, encode(message))
         state.outbox.clear()
         for topic, payload in state.events:
-            self.publisher.publish(topic, payload)
+            self.publisher.publish(topic, payload, retain=is_state(topic))
         state.events.clear()
         for job, letter in state.mail:
             self.mailer.send(mail.message(job, letter, self.host))
@@ -320,6 +321,7 @@ class Server:
             self.state.policy.name,
         )
         booking.tick(self.state)  # reservations that ended while we were down
+        booking.announce_policy(self.state)
         self.flush()
         notify_ready()
         tasks = [

@@ -191,9 +191,13 @@ class ServerState:
         self.generation += 1
         self.wake = True
 
-    def record(self, job: Job, event: str, detail: str = "") -> None:
+    def record(
+        self, job: Job, event: str, detail: str = "", private: bool = False
+    ) -> None:
         """Log ``event`` in the job's event log and publish it (and mail it,
-        when the job asked for mail at that point)."""
+        when the job asked for mail at that point). A ``private`` detail (the
+        submission's arguments: ``qsub -v TOKEN=...``) stays out of the event:
+        anyone may subscribe."""
         now = self.clock()
         self.store.event(job.id, now, event, detail)
         points = job.options.mail_points
@@ -203,7 +207,10 @@ class ServerState:
             if letter:
                 self.mail.append((job, letter))
         self.events.append(
-            (f"jobs/{job.display_id}/{event}", job_event(job, event, now, detail))
+            (
+                f"jobs/{job.display_id}/{event}",
+                job_event(job, event, now, "" if private else detail),
+            )
         )
         self.accounting.event(job, event, now)
 
@@ -292,7 +299,7 @@ class ServerState:
         for job in jobs:
             self._index(job)
             self.store.put_job(job)
-            self.record(job, "submitted", job.submit_args)
+            self.record(job, "submitted", job.submit_args, private=True)
             self._set_pending_reason(job)
         if False in outcomes:
             for job in jobs:

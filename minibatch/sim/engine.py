@@ -21,6 +21,11 @@ start; the queue and the running set are insertion-ordered dicts, and a snapshot
 gets read-only *views* of them (:class:`RecordView`), so a pass never copies or
 re-sorts the queue. A view refuses to be read after the simulator has moved on.
 
+A simulation may also start from a machine already at work (a :class:`Backlog`:
+jobs running and queued at an instant, as :mod:`minibatch.sim.whatif` takes them
+from a live cluster): the running ones hold their CPUs until their expected end,
+the queued ones are in the queue, in its order, at the first pass.
+
 Downtimes (:mod:`minibatch.sim.downtime`) are advance reservations for nobody:
 every snapshot lists those not yet over, their starts and ends are instants with
 a pass, and each start is checked against them as the server checks it.
@@ -61,6 +66,7 @@ from minibatch.core.usage import (
     processor_equivalent,
 )
 from minibatch.policy.base import Policy, mem_per_node
+from minibatch.sim.backlog import Backlog, seed
 from minibatch.sim.machine import Machine, NodeSpec
 from minibatch.sim.malleable import Malleability, PlanRejected
 from minibatch.sim.swf import TraceJob
@@ -163,6 +169,8 @@ class Simulator:
         reservations: downtimes (reservations without users) on the machine.
         runtime_model: how a malleable job's run time follows its CPUs
             (:mod:`minibatch.sim.malleable`).
+        backlog: start from this state at its ``now`` (no job of ``jobs`` may
+            arrive, no downtime start, before it) rather than an idle machine.
     """
 
     def __init__(
@@ -175,14 +183,24 @@ class Simulator:
         progress: Progress | None = None,
         reservations: Sequence[ReservationView] = (),
         runtime_model: RuntimeModel = RuntimeModel.IDEAL,
+        backlog: Backlog | None = None,
     ) -> None:
         if any(r.users for r in reservations):
             raise ValueError("the simulator models downtimes only (no users)")
+        if backlog is not None and (
+            any(j.submit < backlog.now for j in jobs)
+            or any(r.start < backlog.now for r in reservations)
+        ):
+            raise ValueError("nothing may arrive or begin before the backlog's now")
+        self.backlog = backlog
         self.reservations = tuple(sorted(reservations, key=lambda r: r.start))
         self.policy = policy
         self.machine = machine
         self.jobs = sorted(jobs, key=lambda j: (j.submit, j.id))
-        if len({j.id for j in self.jobs}) != len(self.jobs):
+        queued = [job for _, job in backlog.queued] if backlog else []
+        ids = [j.id for j in (*queued, *self.jobs)]
+        ids += [r.id for r in backlog.running] if backlog else []
+        if len(set(ids)) != len(ids):
             raise ValueError("job ids in a simulation must be unique")
         self.kill_at_walltime = kill_at_walltime
         self.runtime_model = runtime_model
@@ -240,15 +258,38 @@ class Simulator:
         procs, mem_total = self.machine.procs, self.machine.mem_kb
         history = AccuracyLedger() if "accuracy" in self.needs else None
 
+        def rate_of(cpus: int, mem_kb: int | None) -> float:
+            """What fairshare charges per second for these CPUs and memory."""
+            if pe:
+                return processor_equivalent(cpus, mem_kb, procs, mem_total)
+            return float(cpus)
+
         def recharge(jid: int, cpus: int, t: float) -> None:
             """Fairshare charges a resized job its new CPUs from ``t`` on."""
             assert ledger is not None
             view = running[jid]
             ledger.end(jid, t)
-            rate = float(cpus)
-            if pe:
-                rate = processor_equivalent(cpus, None, procs, mem_total)
-            ledger.start(jid, view.user, view.group, view.account, rate, t)
+            ledger.start(
+                jid, view.user, view.group, view.account, rate_of(cpus, None), t
+            )
+
+        backlog = self.backlog
+        queued = (
+            []
+            if backlog is None
+            else seed(backlog, free, free_mem, running, queue, ends)
+        )
+        # The backlog's running jobs, charged from their start (in time order).
+        for busy in sorted(running.values(), key=lambda b: b.start_time):
+            dirty.update(name for name, _ in busy.nodes)
+            if ledger is not None:
+                mem = busy.mem_kb_per_node and busy.mem_kb_per_node * len(busy.nodes)
+                rate = rate_of(sum(c for _, c in busy.nodes), mem)
+                ledger.start(
+                    busy.id, busy.user, busy.group, busy.account, rate, busy.start_time
+                )
+        by_id.update((j.id, j) for j in queued)
+        qos = {} if backlog is None else dict(backlog.qos)
 
         def room(node: str, jid: int, t: float, until: float) -> int:
             span = (t, until)
@@ -344,6 +385,7 @@ class Simulator:
                 reservations=active,
                 fairshare=no_usage if ledger is None else ledger.view(now),
                 accuracy=no_accuracy if history is None else history.view(),
+                qos=qos,
             )
             plan = policy_plan(snap)
             passes += 1
@@ -423,12 +465,7 @@ class Simulator:
                     req_walltime=asked.walltime,
                 )
                 if ledger is not None:
-                    held_cpus = req.ppn * len(names)
-                    rate = (
-                        processor_equivalent(held_cpus, req.mem_kb, procs, mem_total)
-                        if pe
-                        else float(held_cpus)
-                    )
+                    rate = rate_of(req.ppn * len(names), req.mem_kb)
                     ledger.start(
                         jid, pending.user, pending.group, pending.account, rate, now
                     )
@@ -462,7 +499,7 @@ class Simulator:
                 j.id in guest_ids,
                 cpu_s.get(j.id),
             )
-            for j in jobs
+            for j in (*queued, *jobs)
         ]
 
 

@@ -54,8 +54,16 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "jobs" / "examples"
 #: A socket path must fit in ``sun_path`` (108 bytes with the NUL).
 MAX_SOCKET_PATH = 100
-#: Defaults that keep the tests fast; a test may override any of them.
-DEFAULT_CONFIG: dict[str, dict[str, Any]] = {"node": {"kill_grace": 1.0}}
+#: Defaults that keep the tests fast; a test may override any of them. A node
+#: daemon's first hello is refused at once (ZMQ_IMMEDIATE: not connected yet) and
+#: sent again a heartbeat later, so the heartbeat is most of the time ``up``
+#: waits for the nodes: 1 s by default, 0.2 s here.
+DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
+    "node": {"kill_grace": 1.0, "heartbeat": 0.2}
+}
+
+#: The first pause of :func:`wait_for`.
+FIRST_POLL = 0.01
 
 T = TypeVar("T")
 
@@ -100,15 +108,22 @@ def wait_for(
     interval: float = 0.1,
     what: str = "condition",
 ) -> T:
-    """Poll ``predicate`` until it returns something truthy, and return that."""
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    The first polls come quickly (10 ms apart, then 1.5 times longer each time)
+    and then every ``interval`` s: most conditions hold within moments, and a
+    long wait costs no more polls than a fixed ``interval``."""
     deadline = time.monotonic() + timeout
+    pause = min(interval, FIRST_POLL)
     while True:
         value = predicate()
         if value:
             return value
-        if time.monotonic() >= deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             raise AssertionError(f"{what} not reached within {timeout:g} s")
-        time.sleep(interval)
+        time.sleep(min(pause, left))
+        pause = min(interval, pause * 1.5)
 
 
 def environ_of(proc: psutil.Process) -> dict[str, str] | None:

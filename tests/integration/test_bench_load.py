@@ -18,7 +18,8 @@ from conftest import BIN
 
 from minibatch.bench import load
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+# Serial: it measures times, and looks for processes left over anywhere.
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 
 def test_the_benchmark_measures_everything_and_leaves_nothing() -> None:

@@ -13,7 +13,8 @@ import pytest
 
 from minibatch.bench import resize
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+# Serial: it measures times, and looks for processes left over anywhere.
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(90)]
 
 
 def test_the_benchmark_measures_both_ways_and_leaves_nothing() -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from minibatch.bench import throughput
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+# Serial: it measures times, and looks for processes left over anywhere.
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 
 def test_the_benchmark_measures_everything_and_leaves_nothing() -> None:

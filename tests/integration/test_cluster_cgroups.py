@@ -90,6 +90,9 @@ def test_memory_limit_is_hard_and_counts_shm_and_memfd(
     assert not list(Path("/dev/shm").glob(f"mb-test-{ids['shm']}*"))
 
 
+# Serial: the end of any job of this user, in any cluster, would take ``keep``
+# as its own (written after that job started, open nowhere) and remove it.
+@pytest.mark.serial
 def test_files_a_job_leaves_in_dev_shm_are_removed(cluster: ClusterFactory) -> None:
     keep = Path("/dev/shm") / f"mb-not-a-job-{os.getpid()}"
     keep.write_bytes(b"x")  # the user's own file, older than the job: kept

@@ -48,7 +48,7 @@ from minibatch.protocol.messages import (
     Submit,
     TraceJob,
 )
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, toml_text
 
 pytestmark = [
     pytest.mark.integration,
@@ -65,6 +65,7 @@ def shared_cluster() -> Iterator[Cluster]:
     home.chmod(0o755)
     c = Cluster(home, plan_nodes(1, 2, usable_cpus()[:2], False, None), True)
     c.work.chmod(0o777)
+    c.paths.config.write_text(toml_text("easy", {}))  # the tests' defaults
     try:
         c.up()
         yield c

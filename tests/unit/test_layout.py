@@ -56,31 +56,38 @@ def test_too_many_cpus_without_oversubscribe_is_refused() -> None:
         plan_nodes(4, 2, [0, 1], oversubscribe=False, mem_total_kb=None)
     assert str(err.value) == (
         "4 nodes x 2 CPUs need 8 CPUs but this machine has 2 "
-        "(use --oversubscribe to share cores)"
+        "(use --oversubscribe to give the nodes virtual CPUs)"
     )
 
 
-def test_oversubscribe_shares_every_core_when_all_overlap() -> None:
+def test_oversubscribed_nodes_get_virtual_cpus_on_every_core() -> None:
     nodes = plan_nodes(4, 2, [0, 1], oversubscribe=True, mem_total_kb=8 * GB)
     assert [n.cpus for n in nodes] == [[0, 1]] * 4
+    assert [n.real_cpus for n in nodes] == [[0, 1]] * 4
     assert [n.shared_cpus for n in nodes] == [[0, 1]] * 4
     assert {n.mem for n in nodes} == {"2gb"}
 
 
-def test_oversubscribe_marks_only_the_shared_cores() -> None:
+def test_oversubscribe_marks_only_the_cpus_on_shared_cores() -> None:
     nodes = plan_nodes(3, 2, [0, 1, 2, 3], oversubscribe=True, mem_total_kb=None)
-    assert [n.cpus for n in nodes] == [[0, 1], [2, 3], [0, 1]]
+    assert [n.cpus for n in nodes] == [[0, 1]] * 3
+    assert [n.real_cpus for n in nodes] == [[0, 1], [2, 3], [0, 1]]
     assert [n.shared_cpus for n in nodes] == [[0, 1], [], [0, 1]]
 
 
 def test_oversubscribe_wraps_round_robin() -> None:
     nodes = plan_nodes(3, 3, [0, 1, 2, 3], oversubscribe=True, mem_total_kb=None)
-    assert [n.cpus for n in nodes] == [[0, 1, 2], [0, 1, 3], [0, 2, 3]]
+    assert [n.real_cpus for n in nodes] == [[0, 1, 2], [3, 0, 1], [2, 3, 0]]
 
 
-def test_a_node_cannot_hold_a_core_twice() -> None:
-    with pytest.raises(InvalidArgument, match="needs 4 distinct cores"):
-        plan_nodes(1, 4, [0, 1], oversubscribe=True, mem_total_kb=None)
+def test_a_node_may_have_more_virtual_cpus_than_the_machine_has_cores() -> None:
+    # mb up --nodes 4 --cpus-per-node 16 --oversubscribe on a 2-core laptop.
+    nodes = plan_nodes(4, 16, [0, 1], oversubscribe=True, mem_total_kb=None)
+    for n in nodes:
+        assert n.cpus == list(range(16))
+        assert n.real_cpus == [0, 1] * 8
+    alone = plan_nodes(1, 4, [5, 7], oversubscribe=True, mem_total_kb=None)
+    assert alone == [NodeLayout(name="node0", cpus=[0, 1, 2, 3], real_cpus=[5, 7] * 2)]
 
 
 @pytest.mark.parametrize(
@@ -107,7 +114,7 @@ def test_memory_share_rounds_down() -> None:
 
 @given(
     nodes=st.integers(1, 8),
-    cpus=st.integers(1, 8),
+    cpus=st.integers(1, 20),
     available=st.sets(st.integers(0, 63), min_size=1, max_size=16),
     oversubscribe=st.booleans(),
 )
@@ -117,20 +124,29 @@ def test_layout_invariants(
     try:
         layout = plan_nodes(nodes, cpus, available, oversubscribe, None)
     except InvalidArgument:
-        assert nodes * cpus > len(available)
-        assert not oversubscribe or cpus > len(available)
+        assert nodes * cpus > len(available) and not oversubscribe
         return
     assert [n.name for n in layout] == [f"node{i}" for i in range(nodes)]
-    uses = Counter(c for n in layout for c in n.cpus)
+    cores = len(available)
+    load = Counter(c for n in layout for c in n.real_cpus or n.cpus)
     for n in layout:
-        assert len(n.cpus) == cpus == len(set(n.cpus))
-        assert set(n.cpus) <= available and n.cpus == sorted(n.cpus)
-        assert n.shared_cpus == [c for c in n.cpus if uses[c] > 1]
-    if nodes * cpus <= len(available):
-        assert max(uses.values()) == 1  # disjoint whenever possible
+        assert len(n.cpus) == cpus == len(set(n.cpus)) and n.cpus == sorted(n.cpus)
+        real = n.real_cpus or n.cpus
+        assert set(real) <= available
+        others = {c for m in layout if m is not n for c in m.real_cpus or m.cpus}
+        pairs = zip(n.cpus, real, strict=True)
+        assert n.shared_cpus == [c for c, r in pairs if r in others]
+        # Any run of consecutive CPUs is on as many distinct cores as it can be.
+        width = min(cpus, cores)
+        for start in range(cpus - width + 1):
+            assert len(set(real[start : start + width])) == width
+    if nodes * cpus <= cores:
+        assert all(n.real_cpus == [] for n in layout)  # real ids, no mapping
+        assert max(load.values()) == 1  # disjoint whenever possible
     else:
-        assert set(uses) == available  # every core carries work...
-        assert max(uses.values()) - min(uses.values()) <= 1  # ...evenly
+        assert all(n.cpus == list(range(cpus)) for n in layout)  # virtual ids
+        assert set(load) == available  # every core carries work...
+        assert max(load.values()) - min(load.values()) <= 1  # ...evenly
 
 
 # ----------------------------------------------------------------- from_config
@@ -157,10 +173,48 @@ def test_configured_nodes_default_to_this_machine() -> None:
 
 def test_configured_cpu_must_exist_unless_oversubscribed() -> None:
     cfg = config(NodeConfig(name="n", cpus=[0, 7]))
-    with pytest.raises(InvalidArgument, match="uses CPU 7 but this machine has only"):
+    with pytest.raises(InvalidArgument) as err:
         from_config(cfg, [0, 1])
+    assert str(err.value) == (
+        "node 'n' uses CPU 7 but this machine has only CPUs 0-1 "
+        "(set oversubscribe = true to make such CPUs virtual)"
+    )
     cfg = config(NodeConfig(name="n", cpus=[0, 7]), oversubscribe=True)
-    assert from_config(cfg, [0, 1])[0].cpus == [0, 7]
+    # 0 is a real id, its own core; 7 is virtual, on the less loaded core.
+    assert from_config(cfg, [0, 1]) == [
+        NodeLayout(name="n", cpus=[0, 7], real_cpus=[0, 1])
+    ]
+
+
+def test_configured_virtual_cpus_go_round_robin_over_the_cores() -> None:
+    big = [NodeConfig(name=f"n{i}", cpus=list(range(16))) for i in range(4)]
+    nodes = from_config(config(*big, oversubscribe=True), [0, 1, 2])
+    load = Counter(c for n in nodes for c in n.real_cpus)
+    assert sorted(load.values()) == [21, 21, 22]  # 64 CPUs on 3 cores
+    for n in nodes:
+        assert n.cpus == list(range(16)) and n.real_cpus[:3] == [0, 1, 2]
+        assert n.shared_cpus == n.cpus
+    # Nodes on real ids only keep them, unmapped, next to virtual ones.
+    nodes = from_config(
+        config(
+            NodeConfig(name="real", cpus=[1]),
+            NodeConfig(name="virt", cpus=[10, 11, 12]),
+            oversubscribe=True,
+        ),
+        [0, 1],
+    )
+    assert nodes == [
+        NodeLayout(name="real", cpus=[1], shared_cpus=[1]),
+        NodeLayout(
+            name="virt", cpus=[10, 11, 12], real_cpus=[0, 1, 0], shared_cpus=[11]
+        ),
+    ]
+
+
+def test_configured_virtual_cpus_need_a_core() -> None:
+    cfg = config(NodeConfig(name="v", cpus=[4]), oversubscribe=True)
+    with pytest.raises(InvalidArgument, match="no CPUs available to carry .* of v"):
+        from_config(cfg, [])
 
 
 def test_configured_overlap_needs_oversubscribe_and_is_marked() -> None:
@@ -194,12 +248,39 @@ def test_layout_json_round_trip_and_node_arguments() -> None:
     assert L.decode(L.encode(nodes)) == nodes
     with pytest.raises(InvalidArgument):
         L.decode(b'{"nodes": 3}')
-    assert nodes[0].daemon_args() == [
-        "--name", "node0", "--cpus", "0", "--mem", "1gb", "--shared-cpus", "0",
+    assert nodes[1].daemon_args() == [
+        "--name", "node1", "--cpus", "0", "--real-cpus", "1", "--mem", "1gb",
+    ]  # fmt: skip
+    assert nodes[2].daemon_args() == [
+        "--name", "node2", "--cpus", "0", "--real-cpus", "0", "--mem", "1gb",
+        "--shared-cpus", "0",
     ]  # fmt: skip
     assert NodeLayout(name="n", cpus=[1, 2]).daemon_args() == [
         "--name", "n", "--cpus", "1,2",
     ]  # fmt: skip
+
+
+def test_layouts_written_before_virtual_cpus_still_decode() -> None:
+    old = b'{"nodes":[{"name":"node0","cpus":[0,1],"shared_cpus":[1],"mem":null}]}'
+    assert L.decode(old) == [NodeLayout(name="node0", cpus=[0, 1], shared_cpus=[1])]
+    bad = b'{"nodes":[{"name":"node0","cpus":[0,1],"real_cpus":[0]}]}'
+    with pytest.raises(InvalidArgument, match="node0 has 1 real core for 2 CPUs"):
+        L.decode(bad)
+
+
+def test_the_real_cores_of_virtual_cpus_are_said_per_core() -> None:
+    real = dict(zip([0, 1, 2, 3, 4], [0, 1, 0, 1, 0], strict=True))
+    assert L.carried(real) == {0: [0, 2, 4], 1: [1, 3]}
+    assert L.virtual_note(real) == (
+        "virtual CPUs 0-4 on real cores 0-1 (0,2,4 on core 0; 1,3 on core 1)"
+    )
+    assert L.carried({}) == {}
+
+
+def test_a_running_virtual_layout_is_named_so() -> None:
+    running = plan_nodes(2, 4, [0, 1], oversubscribe=True, mem_total_kb=None)
+    with pytest.raises(InvalidArgument, match="node0: virtual CPUs 0-3, node1"):
+        L.layout_for_up(Config(), 1, 1, False, running)
 
 
 # ------------------------------------------------- lifecycle, with fake daemons

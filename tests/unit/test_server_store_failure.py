@@ -136,7 +136,7 @@ class Harness:
             self.mails += 1
         return True
 
-    def publish(self, topic: str, payload: Any) -> None:
+    def publish(self, topic: str, payload: Any, retain: bool = False) -> None:
         self.topics.append(topic)
 
     def batch(self, *requests: tuple[bytes, Message]) -> list[Message]:
