@@ -262,8 +262,9 @@ class _Progress:
 
 
 def _with_top(paths: Paths, config: Config, work: Callable[[Report], None]) -> None:
-    """``mb top`` in the foreground while ``work`` runs beside it, quietly;
-    leaving ``mb top`` (q) early goes back to progress lines."""
+    """``mb top`` in the foreground while ``work`` runs beside it, quietly,
+    until the work is done; leaving ``mb top`` (q) early goes back to progress
+    lines."""
     from minibatch.top.app import run_top
 
     quiet = threading.Event()
@@ -279,7 +280,7 @@ def _with_top(paths: Paths, config: Config, work: Callable[[Report], None]) -> N
 
     worker = threading.Thread(target=background, name="demo-workload", daemon=True)
     worker.start()
-    run_top(paths, config)
+    run_top(paths, config, until=lambda: not worker.is_alive())
     quiet.clear()
     worker.join()
     if failed:

@@ -177,19 +177,26 @@ def _spawn(paths: Paths, daemon: Daemon) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _broker_port(paths: Paths) -> int:
+def _broker_port(paths: Paths, patience: float = 3.0) -> int:
     # A running server keeps publishing to the URL it read at start, so a broker
-    # restarted after a crash comes back on the same port when it is free.
+    # restarted after a crash comes back on the same port when it is free. A
+    # killed mb-broker's mosquitto dies a moment after it (its parent-death
+    # signal) and holds the port until then: wait a little for it.
     old = mqtt_url(paths, Config()).rpartition(":")[2]
-    with socket.socket() as s:
-        # As the broker binds: connections of its dead predecessor still in
-        # TIME_WAIT must not make the port look taken.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", int(old) if old.isdigit() else 0))
-        except OSError:
-            s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    deadline = time.monotonic() + (patience if old.isdigit() else 0.0)
+    while True:
+        with socket.socket() as s:
+            # As the broker binds: connections of its dead predecessor still in
+            # TIME_WAIT must not make the port look taken.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", int(old) if old.isdigit() else 0))
+                return int(s.getsockname()[1])
+            except OSError:
+                if time.monotonic() >= deadline:
+                    s.bind(("127.0.0.1", 0))
+                    return int(s.getsockname()[1])
+        time.sleep(POLL)
 
 
 def _listening(port: int) -> bool:

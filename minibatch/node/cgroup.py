@@ -134,6 +134,12 @@ class JobCgroup:
         text = _read(d / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes"))
         return int(text) // 1024 if text.strip() else 0
 
+    def shmem_bytes(self) -> int:
+        """Shared memory (``/dev/shm``, memfd) charged to the job: its pages stay
+        charged to the cgroup that wrote them after its processes are gone."""
+        d = self._dir("memory")
+        return _stat_value(_read(d / "memory.stat"), "shmem") if d else 0
+
     def oom_kills(self) -> int:
         d = self._dir("memory")
         if d is None:

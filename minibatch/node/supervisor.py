@@ -252,8 +252,13 @@ class Supervisor:
         if run.kill_reason is None and cg.oom_kills() > run.oom_seen:
             run.kill_reason = JobResult.OUT_OF_MEMORY
             run.comment = self._oom_comment(run)
-        others = {r.spec.uid for r in self._own.jobs.values() if r is not run}
-        removed = shm.remove_left(run.spec.uid, run.start, busy_uids=others)
+        # Only a job whose cgroup still holds shared memory left files there:
+        # the scan cannot tell the job's files from other processes' of its
+        # user, so it runs only when there is something of the job's to find.
+        removed: list[str] = []
+        if cg.shmem_bytes():
+            others = {r.spec.uid for r in self._own.jobs.values() if r is not run}
+            removed = shm.remove_left(run.spec.uid, run.start, busy_uids=others)
         if removed:
             log.info(
                 "job %s: removed %s from /dev/shm",

@@ -118,9 +118,13 @@ class TopApp(App[None]):
         modules: Mapping[str, str] | None = None,
         feed: Feed | None = None,
         now: Callable[[], float] = time.time,
+        until: Callable[[], bool] = lambda: False,
     ) -> None:
+        """``until``: when it says so (checked each second), the app ends by
+        itself, as after ``q`` (``mb demo --top`` when its workload is done)."""
         super().__init__()
         self.model = model
+        self.until = until
         self.act = act
         self.policies = list(policies)
         self.modules = dict(modules or {})
@@ -205,6 +209,9 @@ class TopApp(App[None]):
             self.redraw()
 
     def _tick(self) -> None:
+        if self.until():
+            self.exit()
+            return
         self.model.sample(self.now())
         self.redraw()
 
@@ -379,8 +386,11 @@ class TopApp(App[None]):
             self.say(f"{what}: done")
 
 
-def run_top(paths: Paths, config: Config) -> None:
-    """Follow the cluster of ``paths`` in this terminal until ``q``.
+def run_top(
+    paths: Paths, config: Config, until: Callable[[], bool] = lambda: False
+) -> None:
+    """Follow the cluster of ``paths`` in this terminal until ``q`` (or until
+    ``until()`` says so).
 
     Raises:
         NoEvents: The cluster publishes no events to follow.
@@ -405,6 +415,7 @@ def run_top(paths: Paths, config: Config) -> None:
         available(modules),
         modules=modules,
         feed=feed,
+        until=until,
     )
     feed.on_change = app.changed
     app.run()
