@@ -120,7 +120,7 @@ def up(
 ) -> None:
     """Start the broker, server, scheduler and nodes that are not already running."""
     from minibatch.cluster import lifecycle, stopping
-    from minibatch.cluster.layout import layout_for_up
+    from minibatch.cluster.layout import layout_for_up, virtual_note
 
     with common.reporting("mb up"):
         paths, config = common.home()
@@ -136,7 +136,9 @@ def up(
             typer.echo(f"{name} already running (pid {report.pids[name]})")
         for node in report.layout:
             line = f"  {node.name}: CPUs {node.cpus}, mem {node.mem or 'unlimited'}"
-            if node.shared_cpus:
+            if node.real_cpus:
+                line += f"; {virtual_note(node.real_map())}"
+            elif node.shared_cpus:
                 line += f", CPUs {node.shared_cpus} shared with other nodes"
             typer.echo(line)
         typer.echo(

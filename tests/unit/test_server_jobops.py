@@ -332,6 +332,20 @@ def test_tracejob_reads_the_event_log_of_finished_jobs_too(server_state: ServerS
         ask(server_state, TraceJob(selector="99"))
 
 
+def test_tracejob_shows_the_submission_s_arguments_to_its_owner_only(
+    server_state: ServerState,
+):
+    (job,) = server_state.submit(spec(submit_args="-v TOKEN=s3cret"), ME)
+    mine: JobTrace = ask(server_state, TraceJob(selector=str(job.id)))
+    assert mine.events[0].detail == "-v TOKEN=s3cret"
+    theirs: JobTrace = ask(server_state, TraceJob(selector=str(job.id)), OTHER)
+    assert [(e.event, e.detail) for e in theirs.events] == [("submitted", "")]
+    assert theirs.jobs[0].submit_args == ""
+    # Nor is it published: anyone may subscribe to the events.
+    published = [p for t, p in server_state.events if t.endswith("/submitted")]
+    assert [p["detail"] for p in published] == [""]
+
+
 # ------------------------------------------------------------ live usage
 
 
