@@ -50,8 +50,17 @@ system-packages:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -yq $$missing; \
 	fi
 
+# Most integration tests wait on a real cluster rather than compute, so two run
+# at once (pytest-xdist, a file per worker at a time); those marked `serial`
+# (timing-sensitive ones, benchmarks) then run alone. Both runs always run.
+TEST_WORKERS ?= 2
 test: system-packages lint typecheck
-	$(BIN)/pytest -q
+	@status=0; \
+	echo "$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not serial'"; \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not serial' || status=$$?; \
+	echo "$(BIN)/pytest -q -p no:xdist -m serial"; \
+	$(BIN)/pytest -q -p no:xdist -m serial || status=$$?; \
+	exit $$status
 
 bench: $(VENV)/.installed
 	$(BIN)/mb bench throughput

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,11 @@ from minibatch.server.state import ServerState
 from minibatch.server.store import Store
 from minibatch.sim.machine import Machine
 from minibatch.sim.swf import TraceJob
+
+# pytest-xdist titles its workers with setproctitle, which by default moves the
+# environment aside to make room and leaves the process's /proc/PID/environ all
+# but empty; tests read their own there (procfs). Read before any worker starts.
+os.environ.setdefault("SPT_NOENV", "1")
 
 
 def snapshot(

@@ -12,19 +12,21 @@ OUT_OF_MEMORY, NODE_FAIL) and the exit code is ``code:signal``. Naming jobs with
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Annotated, Any
 
 from minibatch.cli import common, render
 from minibatch.core.job import Job
 from minibatch.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    import typer
+else:
+    from minibatch.cli.fastargs import typer
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
 
@@ -81,7 +83,7 @@ def json_text(
         if columns is None
         else [acct_record(j, columns, now, fields) for j in jobs]
     )
-    return json.dumps(records, indent=2) + "\n"
+    return common.dump_json(records)
 
 
 def parse_since(text: str, now: float) -> float:

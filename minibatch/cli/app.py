@@ -1,105 +1,155 @@
 """``mb``: the umbrella command. Cluster lifecycle, accounting, benchmarks, and every
-PBS command again as a subcommand (``mb qsub`` is ``qsub``)."""
+PBS command again as a subcommand (``mb qsub`` is ``qsub``).
+
+Importing this module costs next to nothing: the commands are a table of where
+each one lives, and ``mb NAME`` imports NAME's module alone. The commands that
+answer at once (:data:`QUICK`: ``mb status``, ``mb acct``, the PBS, Maui and
+Slurm commands) run without typer when :mod:`minibatch.cli.fastargs` can parse
+their command line; typer runs everything else, and all of ``mb --help``.
+"""
 
 from __future__ import annotations
 
-import json
+import importlib
 import sys
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
-import typer
-
-from minibatch.bench.scheduler import bench_scheduler
-from minibatch.cli import (
-    acct,
-    backup,
-    common,
-    diag,
-    jobctl,
-    keys,
-    pbsctl,
-    pbsnodes,
-    policy,
-    qstat,
-    qsub,
-    replay,
-    report,
-    resv,
-    showq,
-    sim,
-    slurmacct,
-    slurmcmds,
-    slurmctl,
-    watch,
-    whatif,
-)
+from minibatch.cli import common, fastargs
 from minibatch.errors import MinibatchError
 
-app = typer.Typer(
-    name="mb",
-    help="minibatch: a real batch system for one workstation.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-bench_app = typer.Typer(
-    help="Measure speed (never asserted in tests).", no_args_is_help=True
-)
-app.add_typer(bench_app, name="bench")
+if TYPE_CHECKING:
+    import typer
+else:
+    from minibatch.cli.fastargs import typer
 
-qsub.register(app)
-app.command("qstat", context_settings=qstat.CONTEXT_SETTINGS)(qstat.qstat_command)
-app.command("qdel", context_settings=jobctl.CONTEXT_SETTINGS)(jobctl.qdel_command)
-app.command("qhold", context_settings=jobctl.CONTEXT_SETTINGS)(jobctl.qhold_command)
-app.command("qrls", context_settings=jobctl.CONTEXT_SETTINGS)(jobctl.qrls_command)
-app.command("qalter", context_settings=jobctl.CONTEXT_SETTINGS)(jobctl.qalter_command)
-for _pbs_name, _pbs_command in (
-    ("qselect", pbsctl.qselect_command),
-    ("qsig", pbsctl.qsig_command),
-    ("qrerun", pbsctl.qrerun_command),
-    ("qmove", pbsctl.qmove_command),
-    ("tracejob", pbsctl.tracejob_command),
-):
-    app.command(_pbs_name, context_settings=pbsctl.CONTEXT_SETTINGS)(_pbs_command)
-app.command("pbsnodes", context_settings=pbsnodes.CONTEXT_SETTINGS)(
-    pbsnodes.pbsnodes_command
-)
-app.command("acct", context_settings=acct.CONTEXT_SETTINGS)(acct.acct_command)
-app.command("backup")(backup.backup_command)
-# Slurm's commands.
-for _slurm_name, _slurm_command, _slurm_settings in (
-    ("squeue", slurmcmds.squeue_command, slurmcmds.CONTEXT_SETTINGS),
-    ("scancel", slurmcmds.scancel_command, slurmcmds.HELP_SETTINGS),
-    ("sacct", slurmacct.sacct_command, slurmcmds.HELP_SETTINGS),
-    ("scontrol", slurmctl.scontrol_command, slurmctl.CONTEXT_SETTINGS),
-):
-    app.command(_slurm_name, context_settings=_slurm_settings)(_slurm_command)
-# Maui's commands.
-for _name, _command in (
-    ("showq", showq.showq_command),
-    ("showstart", showq.showstart_command),
-    ("showbf", showq.showbf_command),
-    ("setres", resv.setres_command),
-    ("showres", resv.showres_command),
-    ("releaseres", resv.releaseres_command),
-    ("checkjob", diag.checkjob_command),
-    ("diagnose", diag.diagnose_command),
-):
-    app.command(_name, context_settings={"help_option_names": ["--help"]})(_command)
-app.add_typer(policy.policy_app, name="policy")
-app.add_typer(keys.keys_app, name="keys")
-app.command("watch", context_settings=watch.CONTEXT_SETTINGS)(watch.watch_command)
-app.command("sim")(sim.sim_command)
-app.command("report")(report.report_command)
-app.command("compare")(sim.compare_command)
-app.command("replay")(replay.replay_command)
-app.command("whatif")(whatif.whatif_command)
-app.command("experiment")(sim.experiment_command)
-bench_app.command("sim")(sim.bench_sim)
-bench_app.command("scheduler")(bench_scheduler)
+#: ``mb NAME`` -> (``module:function`` of its typer command, the name of the
+#: module's context settings or ""), in the order ``mb --help`` lists them. A
+#: ``:register`` function adds the command itself (qsub: ``-h`` is hold).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "qsub": ("minibatch.cli.qsub:register", ""),
+    "qstat": ("minibatch.cli.qstat:qstat_command", "CONTEXT_SETTINGS"),
+    "qdel": ("minibatch.cli.jobctl:qdel_command", "CONTEXT_SETTINGS"),
+    "qhold": ("minibatch.cli.jobctl:qhold_command", "CONTEXT_SETTINGS"),
+    "qrls": ("minibatch.cli.jobctl:qrls_command", "CONTEXT_SETTINGS"),
+    "qalter": ("minibatch.cli.jobctl:qalter_command", "CONTEXT_SETTINGS"),
+    "qselect": ("minibatch.cli.pbsctl:qselect_command", "CONTEXT_SETTINGS"),
+    "qsig": ("minibatch.cli.pbsctl:qsig_command", "CONTEXT_SETTINGS"),
+    "qrerun": ("minibatch.cli.pbsctl:qrerun_command", "CONTEXT_SETTINGS"),
+    "qmove": ("minibatch.cli.pbsctl:qmove_command", "CONTEXT_SETTINGS"),
+    "tracejob": ("minibatch.cli.pbsctl:tracejob_command", "CONTEXT_SETTINGS"),
+    "pbsnodes": ("minibatch.cli.pbsnodes:pbsnodes_command", "CONTEXT_SETTINGS"),
+    "acct": ("minibatch.cli.acct:acct_command", "CONTEXT_SETTINGS"),
+    "backup": ("minibatch.cli.backup:backup_command", ""),
+    "squeue": ("minibatch.cli.slurmcmds:squeue_command", "CONTEXT_SETTINGS"),
+    "scancel": ("minibatch.cli.slurmcmds:scancel_command", "HELP_SETTINGS"),
+    "sacct": ("minibatch.cli.slurmacct:sacct_command", "HELP_SETTINGS"),
+    "scontrol": ("minibatch.cli.slurmctl:scontrol_command", "CONTEXT_SETTINGS"),
+    "showq": ("minibatch.cli.showq:showq_command", "CONTEXT_SETTINGS"),
+    "showstart": ("minibatch.cli.showq:showstart_command", "CONTEXT_SETTINGS"),
+    "showbf": ("minibatch.cli.showq:showbf_command", "CONTEXT_SETTINGS"),
+    "setres": ("minibatch.cli.resv:setres_command", "CONTEXT_SETTINGS"),
+    "showres": ("minibatch.cli.resv:showres_command", "CONTEXT_SETTINGS"),
+    "releaseres": ("minibatch.cli.resv:releaseres_command", "CONTEXT_SETTINGS"),
+    "checkjob": ("minibatch.cli.diag:checkjob_command", "CONTEXT_SETTINGS"),
+    "diagnose": ("minibatch.cli.diag:diagnose_command", "CONTEXT_SETTINGS"),
+    "watch": ("minibatch.cli.watch:watch_command", "CONTEXT_SETTINGS"),
+    "sim": ("minibatch.cli.sim:sim_command", ""),
+    "report": ("minibatch.cli.report:report_command", ""),
+    "compare": ("minibatch.cli.sim:compare_command", ""),
+    "replay": ("minibatch.cli.replay:replay_command", ""),
+    "whatif": ("minibatch.cli.whatif:whatif_command", ""),
+    "experiment": ("minibatch.cli.sim:experiment_command", ""),
+    "sweep": ("minibatch.cli.sweep:sweep_command", ""),
+    "up": ("minibatch.cli.app:up", ""),
+    "down": ("minibatch.cli.app:down", ""),
+    "status": ("minibatch.cli.app:status", ""),
+    "top": ("minibatch.cli.app:top", ""),
+    "web": ("minibatch.cli.app:web", ""),
+    "demo": ("minibatch.cli.app:demo", ""),
+}
+#: ``mb bench NAME``, likewise.
+BENCH: dict[str, tuple[str, str]] = {
+    "sim": ("minibatch.cli.sim:bench_sim", ""),
+    "scheduler": ("minibatch.bench.scheduler:bench_scheduler", ""),
+    "throughput": ("minibatch.cli.app:bench_throughput", ""),
+    "resize": ("minibatch.cli.app:bench_resize", ""),
+    "load": ("minibatch.cli.app:bench_load", ""),
+    "commands": ("minibatch.cli.app:bench_commands", ""),
+}
+#: ``mb NAME SUBCOMMAND``: typer apps of their own, ``module:app``.
+GROUPS: dict[str, str] = {
+    "policy": "minibatch.cli.policy:policy_app",
+    "keys": "minibatch.cli.keys:keys_app",
+}
+# fmt: off
+#: Commands that make a request or two and print the answer: run without typer
+#: when :func:`fastargs.parse` can parse their command line, and ended as their
+#: console scripts are (:func:`common.run_and_exit`).
+QUICK = frozenset({
+    "qstat", "qdel", "qhold", "qrls", "qalter", "qselect", "qsig", "qrerun", "qmove",
+    "tracejob", "pbsnodes", "acct", "squeue", "scancel", "sacct", "scontrol",
+    "showq", "showstart", "showbf", "setres", "showres", "releaseres", "checkjob",
+    "diagnose", "status",
+})
+# fmt: on
 
 
-@app.command()
+def _load(target: str) -> Any:
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _settings(target: str, settings: str) -> dict[str, Any]:
+    module = target.partition(":")[0]
+    return dict(getattr(importlib.import_module(module), settings)) if settings else {}
+
+
+def _add(app: typer.Typer, name: str, target: str, settings: str) -> None:
+    function = _load(target)
+    if target.endswith(":register"):
+        function(app, name)
+    else:
+        app.command(name, context_settings=_settings(target, settings))(function)
+
+
+def build(only: str | None = None) -> typer.Typer:
+    """``mb`` as a typer app: every command, or only ``only`` (a name of
+    :data:`COMMANDS`, ``bench`` or one of :data:`GROUPS`)."""
+    app = typer.Typer(
+        name="mb",
+        help="minibatch: a real batch system for one workstation.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    for name, (target, settings) in COMMANDS.items():
+        if only in (None, name):
+            _add(app, name, target, settings)
+    if only in COMMANDS:
+        # One command alone would be run as ``mb`` itself: a callback keeps
+        # ``mb NAME`` a subcommand, as in the whole app.
+        app.callback()(lambda: None)
+    if only in (None, "bench"):
+        bench_app = typer.Typer(
+            help="Measure speed (never asserted in tests).", no_args_is_help=True
+        )
+        for name, (target, settings) in BENCH.items():
+            _add(bench_app, name, target, settings)
+        app.add_typer(bench_app, name="bench")
+    for name, target in GROUPS.items():
+        if only in (None, name):
+            app.add_typer(_load(target), name=name)
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: ``app`` (every command) is built when first asked for.
+    if name == "app":
+        return build()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def up(
     nodes: Annotated[
         int | None, typer.Option("--nodes", "-n", help="Number of nodes.")
@@ -146,7 +196,6 @@ def up(
         )
 
 
-@app.command()
 def down(
     drain: Annotated[
         bool,
@@ -182,7 +231,6 @@ def down(
         )
 
 
-@app.command()
 def status(
     as_json: Annotated[
         bool, typer.Option("--json", help="Machine-readable output.")
@@ -195,11 +243,9 @@ def status(
         paths, config = common.home()
         info = lifecycle.status(paths, config)
         if as_json:
-            typer.echo(json.dumps(info, indent=2))
+            sys.stdout.write(common.dump_json(info))
             return
-        typer.echo(
-            f"MB_HOME {info['home']}: {'up' if info['up'] else 'not (fully) up'}"
-        )
+        print(f"MB_HOME {info['home']}: {'up' if info['up'] else 'not (fully) up'}")
         for d in info["daemons"]:
             where = d.get("endpoint") or (f"CPUs {d['cpus']}" if "cpus" in d else "")
             state = f"pid {d['pid']}" if d["alive"] else "not running"
@@ -208,10 +254,10 @@ def status(
                 where += f" ({d['comment']})" if d.get("comment") else ""
             if "virtual" in d:
                 where += f"; {d['virtual']}"
-            typer.echo(f"  {d['name']:<14} {state:<12} {where}")
-        typer.echo(f"  events         {info['mqtt_url'] or 'off'}{_events(info)}")
+            print(f"  {d['name']:<14} {state:<12} {where}")
+        print(f"  events         {info['mqtt_url'] or 'off'}{_events(info)}")
         if not info["up"]:
-            raise typer.Exit(1)
+            raise SystemExit(common.ERROR_EXIT)
 
 
 def _events(info: dict[str, Any]) -> str:
@@ -226,7 +272,6 @@ def _events(info: dict[str, Any]) -> str:
     return line
 
 
-@app.command()
 def top() -> None:
     """A live dashboard: nodes, queue, running jobs, passes; keys act on jobs."""
     with common.reporting("mb top"):
@@ -239,7 +284,6 @@ def top() -> None:
         run_top(paths, config)
 
 
-@app.command()
 def web(
     port: Annotated[
         int,
@@ -256,7 +300,6 @@ def web(
         serve(paths, config, port)
 
 
-@app.command()
 def demo(
     quick: Annotated[
         bool, typer.Option("--quick", help="6x faster (under a minute; for CI).")
@@ -291,7 +334,6 @@ def demo(
         run_demo(quick=quick, top=top, seed=seed, out=out, keep=keep)
 
 
-@bench_app.command("throughput")
 def bench_throughput(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
     jobs: Annotated[int, typer.Option(help="Jobs in the end-to-end run.")] = 1000,
@@ -305,13 +347,9 @@ def bench_throughput(
 
     with common.reporting("mb bench"):
         result = throughput.run(jobs=jobs, repeat=repeat, cgroups=cgroups)
-        if as_json:
-            typer.echo(json.dumps(result, indent=2))
-            return
-        typer.echo(throughput.render(result))
+        _print(result, as_json, throughput.render)
 
 
-@bench_app.command("resize")
 def bench_resize(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
     resizes: Annotated[int, typer.Option(help="Resizes, 1 and 2 CPUs in turn.")] = 200,
@@ -322,12 +360,11 @@ def bench_resize(
 
     with common.reporting("mb bench"):
         result = resize.run(resizes=resizes, threads=threads)
-        typer.echo(json.dumps(result, indent=2) if as_json else resize.render(result))
+        _print(result, as_json, resize.render)
         if result["mismatches"]:
             common.fail("mb bench", f"{result['mismatches']} threads kept a stale mask")
 
 
-@bench_app.command("load")
 def bench_load(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
     jobs: Annotated[int, typer.Option(help="Held jobs queued first.")] = 20_000,
@@ -344,13 +381,42 @@ def bench_load(
         result = load.run(
             jobs=jobs, clients=clients, seconds=seconds, full_every=full_every
         )
-        typer.echo(json.dumps(result, indent=2) if as_json else load.render(result))
+        _print(result, as_json, load.render)
         if result["errors"]:
             common.fail("mb bench", f"{result['errors']} requests failed")
 
 
+def bench_commands(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+    jobs: Annotated[int, typer.Option(help="Held jobs queued first.")] = 1000,
+    runs: Annotated[int, typer.Option(help="Timed runs of each command.")] = 20,
+) -> None:
+    """Wall time of qstat, qsub, showq, mb status... against python -c pass."""
+    from minibatch.bench import commands
+
+    with common.reporting("mb bench"):
+        result = commands.run(jobs=jobs, runs=runs)
+        _print(result, as_json, commands.render)
+
+
+def _print(
+    result: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], str]
+) -> None:
+    """A benchmark's result: JSON, or the table ``render`` makes of it."""
+    sys.stdout.write(common.dump_json(result) if as_json else render(result) + "\n")
+
+
 def main() -> None:
+    """The ``mb`` console script."""
+    name = sys.argv[1] if len(sys.argv) > 1 else ""
+    if name in QUICK:
+        target, settings = COMMANDS[name]
+        function: Callable[..., Any] = _load(target)
+        kwargs = fastargs.parse(function, sys.argv[2:], _settings(target, settings))
+        if kwargs is not None:
+            common.run_and_exit(lambda: function(**kwargs))
+    known = name in COMMANDS or name in GROUPS or name == "bench"
     try:
-        app()
+        build(name if known else None)()
     except KeyboardInterrupt:
         sys.exit(130)

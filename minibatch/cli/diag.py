@@ -17,9 +17,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from typing import Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Annotated, Any
 
 from minibatch.cli import common, render
 from minibatch.cli.ranking import Ranking, maui_date, maui_duration, rank
@@ -29,6 +27,11 @@ from minibatch.core.units import format_cpu_list, format_size_kb
 from minibatch.errors import InvalidArgument
 from minibatch.protocol.messages import DiagnoseReply
 from minibatch.server.records import pending_view
+
+if TYPE_CHECKING:
+    import typer
+else:
+    from minibatch.cli.fastargs import typer
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
 

@@ -17,27 +17,21 @@ import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
-import typer
-
 from minibatch.cli import common, render
-from minibatch.cli.jobctl import per_id
+from minibatch.cli.jobctl import IDS_HELP, per_id
 from minibatch.core.job import Job
 from minibatch.core.units import format_duration, format_size_kb
 from minibatch.errors import InvalidArgument
 
 if TYPE_CHECKING:
+    import typer
+
     from minibatch.protocol.messages import JobTrace
+else:
+    from minibatch.cli.fastargs import typer
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
 
-_IdsArg = Annotated[
-    list[str],
-    typer.Argument(
-        metavar="ID",
-        help="Job ids: 7, 7[] (a whole array) or 7[2].",
-        show_default=False,
-    ),
-]
 
 #: The letters ``qselect -s`` takes (PBS's, as ``qstat`` shows them).
 STATE_LETTERS = "QHWREFC"
@@ -109,7 +103,9 @@ def qselect_command(
 
 
 def qsig_command(
-    job_ids: _IdsArg,
+    job_ids: Annotated[
+        list[str], typer.Argument(metavar="ID", help=IDS_HELP, show_default=False)
+    ],
     signal: Annotated[
         str,
         typer.Option("-s", help="The signal: a name (TERM, SIGUSR1) or a number."),
@@ -134,7 +130,11 @@ def qsig_command(
 # ----------------------------------------------------------------- qrerun
 
 
-def qrerun_command(job_ids: _IdsArg) -> None:
+def qrerun_command(
+    job_ids: Annotated[
+        list[str], typer.Argument(metavar="ID", help=IDS_HELP, show_default=False)
+    ],
+) -> None:
     """Kill running jobs and queue them again, same ids (operators only)."""
     from minibatch.protocol.messages import Rerun
 
@@ -149,7 +149,9 @@ def qmove_command(
         str,
         typer.Argument(metavar="QUEUE", help="The queue (QUEUE or QUEUE@server)."),
     ],
-    job_ids: _IdsArg,
+    job_ids: Annotated[
+        list[str], typer.Argument(metavar="ID", help=IDS_HELP, show_default=False)
+    ],
 ) -> None:
     """Move pending jobs to another queue."""
     queue = destination.split("@", 1)[0]
@@ -207,7 +209,11 @@ def render_trace(trace: JobTrace) -> str:
     return "\n".join(blocks)
 
 
-def tracejob_command(job_ids: _IdsArg) -> None:
+def tracejob_command(
+    job_ids: Annotated[
+        list[str], typer.Argument(metavar="ID", help=IDS_HELP, show_default=False)
+    ],
+) -> None:
     """Show each job's event log: submission, starts, holds, signals, its end."""
     from minibatch.protocol.messages import TraceJob
 

@@ -10,14 +10,16 @@ Changing a node's state is for operators; the server checks who asks.
 
 from __future__ import annotations
 
-import json
 import sys
-from typing import Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Annotated, Any
 
 from minibatch.cli import common, render
 from minibatch.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    import typer
+else:
+    from minibatch.cli.fastargs import typer
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
 
@@ -67,9 +69,7 @@ def pbsnodes_command(
         found = common.call(QueryNodes(names=names)).nodes
     found.sort(key=lambda n: n.name)
     if as_json:
-        sys.stdout.write(
-            json.dumps([render.node_record(n) for n in found], indent=2) + "\n"
-        )
+        sys.stdout.write(common.dump_json([render.node_record(n) for n in found]))
     elif list_down:
         sys.stdout.write(render.pbsnodes_list(found))
     else:

@@ -16,7 +16,6 @@ use the ``-a`` layout, as in Torque.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -24,14 +23,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
-import typer
 
 from minibatch.cli import common, qlayouts, render
 from minibatch.core.job import ACTIVE_STATES, PENDING_STATES, Job
 from minibatch.errors import ErrorCode, RemoteError
 
 if TYPE_CHECKING:
+    import typer
+
     from minibatch.protocol.messages import QueryJobs
+else:
+    from minibatch.cli.fastargs import typer
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
 
@@ -102,7 +104,7 @@ def render_jobs(
         if full:
             for record, job in zip(records, jobs, strict=True):
                 record["resources_used"] = qlayouts.used_record(job, now)
-        return json.dumps(records, indent=2) + "\n"
+        return common.dump_json(records)
     if full:
         return render.qstat_full(jobs, now)
     if alt or nodes or comments:
@@ -119,7 +121,7 @@ def _queues(names: list[str], *, limits: bool, full: bool, as_json: bool) -> Non
     with common.reporting("qstat"):
         reply: QueueList = common.call(QueryQueues(names=names))
     if as_json:
-        out = json.dumps(msgspec.to_builtins(reply.queues), indent=2) + "\n"
+        out = common.dump_json(msgspec.to_builtins(reply.queues))
     elif full:
         out = qlayouts.queue_full(reply.queues)
     elif limits:
@@ -138,7 +140,7 @@ def _server(*, full: bool, as_json: bool) -> None:
         queues: QueueList = common.call(QueryQueues()) if full else QueueList(queues=[])
     host = os.uname().nodename
     if as_json:
-        out = json.dumps(msgspec.to_builtins(status), indent=2) + "\n"
+        out = common.dump_json(msgspec.to_builtins(status))
     elif full:
         out = qlayouts.server_full(status, host, queues.queues)
     else:

@@ -15,7 +15,6 @@ from typing import Any
 import msgspec
 
 from minibatch.cli.attrs import option_attrs
-from minibatch.cluster.layout import carried
 from minibatch.core.job import (
     ACTIVE_STATES,
     Job,
@@ -486,6 +485,9 @@ def pbsnodes_full(nodes: Sequence[NodeInfo]) -> str:
             lines.append(f"     gpus = {node.gpus}")
         if node.comment:
             lines.append(f"     note = {node.comment}")
+        # Imported here: only pbsnodes needs the layouts.
+        from minibatch.cluster.layout import carried
+
         if cores := carried(node.real_cpus):
             each = "; ".join(
                 f"{format_cpu_list(cpus)} on core {core}"
@@ -516,6 +518,8 @@ def pbsnodes_list(nodes: Sequence[NodeInfo]) -> str:
 
 def node_record(node: NodeInfo) -> dict[str, Any]:
     """The JSON object ``pbsnodes --json`` prints for a node."""
+    from minibatch.cluster.layout import carried
+
     return {
         "name": node.name,
         "state": node_state(node),

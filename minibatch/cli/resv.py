@@ -20,15 +20,18 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Annotated, Any
 
 from minibatch.cli import common
 from minibatch.cli.ranking import maui_date, maui_duration
 from minibatch.core.reservation import Reservation
 from minibatch.core.units import format_cpu_list, parse_duration
 from minibatch.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    import typer
+else:
+    from minibatch.cli.fastargs import typer
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
 

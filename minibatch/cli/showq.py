@@ -18,15 +18,18 @@ import pwd
 import sys
 import time
 from collections.abc import Sequence
-from typing import Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Annotated, Any
 
 from minibatch.cli import common
 from minibatch.cli.ranking import maui_date, maui_duration, rank
 from minibatch.core.job import Job, JobState
 from minibatch.core.reservation import Reservation
 from minibatch.protocol.messages import DiagnoseReply, NodeInfo
+
+if TYPE_CHECKING:
+    import typer
+else:
+    from minibatch.cli.fastargs import typer
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
 

@@ -6,9 +6,10 @@
            [--downtime START,LENGTH[,CPUS]] [--malleable none|all|FRACTION]
            [--malleable-range MIN,MAX] [--runtime-model ideal|worst] --out DIR
     mb compare TRACE --policies fifo,easy [...] [--out DIR]
+               [--workers N | --cluster URL]
     mb compare TRACE --live-vs-sim --policy easy      (TRACE from ``mb acct --swf``)
-    mb experiment NAME [--out DIR] | --list
-    mb bench sim [TRACE] [--policy easy] [--repeat 3]
+    mb experiment NAME [--out DIR] [--workers N | --cluster URL] | --list
+    mb bench sim [TRACE] [--policy easy] [--procs N] [--repeat 3] [--depth-curve]
 
 The functions are plain typer commands; ``minibatch.cli.app`` registers them.
 """
@@ -19,6 +20,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -29,6 +31,7 @@ from minibatch.cli.report import summary_nodes, write_plots
 from minibatch.errors import InvalidArgument
 
 if TYPE_CHECKING:
+    from minibatch.sim.parallel import Pool
     from minibatch.sim.runner import SimConfig
 
 # Option declarations shared by sim and compare.
@@ -102,6 +105,31 @@ DowntimeOpt = Annotated[
         show_default=False,
     ),
 ]
+# Where the runs of compare, experiment and sweep go (minibatch.sim.parallel).
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        help="Runs at once, each in its own process (default: one per core; "
+        "1: one after the other, in this process).",
+        show_default=False,
+    ),
+]
+ClusterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        help="Send the runs to the Dask scheduler at this address "
+        "(tcp://HOST:PORT; needs the dask extra of minibatch).",
+    ),
+]
+RunProgressOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--progress/--no-progress",
+        help="Progress bar over runs on stderr (default: when it is a terminal).",
+    ),
+]
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
@@ -111,18 +139,20 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise InvalidArgument(f"malformed --param {item!r} (expected k=v)")
-        value: Any = text
-        if text.lower() in ("true", "false"):
-            value = text.lower() == "true"
-        else:
-            for kind in (int, float):
-                try:
-                    value = kind(text)
-                    break
-                except ValueError:
-                    continue
-        params[key.strip()] = value
+        params[key.strip()] = parse_value(text)
     return params
+
+
+def parse_value(text: str) -> Any:
+    """A parameter's value: a bool, an int, a float, or else the text."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
 
 
 def build_config(
@@ -175,9 +205,9 @@ def build_config(
 
 @contextmanager
 def progress_bar(
-    enabled: bool, label: str
+    enabled: bool, label: str, unit: str = "jobs"
 ) -> Iterator[Callable[[int, int], None] | None]:
-    """A rich progress bar on stderr, as a simulator progress callback."""
+    """A rich progress bar on stderr, as a progress callback (done, total)."""
     if not enabled:
         yield None
         return
@@ -187,7 +217,7 @@ def progress_bar(
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed:,}/{task.total:,} jobs"),
+        TextColumn("{task.completed:,}/{task.total:,} " + unit),
         TimeElapsedColumn(),
         console=Console(stderr=True),
         transient=True,
@@ -203,6 +233,20 @@ def progress_bar(
 
 def _want_progress(flag: bool | None) -> bool:
     return sys.stderr.isatty() if flag is None else flag
+
+
+@contextmanager
+def run_pool(
+    workers: int | None, cluster: str | None, progress: bool | None, label: str
+) -> Iterator[Pool]:
+    """The pool of ``--workers``/``--cluster``, with a progress bar over runs."""
+    from minibatch.sim.parallel import Pool
+
+    with (
+        progress_bar(_want_progress(progress), label, "runs") as update,
+        Pool(workers, cluster, update) as pool,
+    ):
+        yield pool
 
 
 # ----------------------------------------------------------------- mb sim
@@ -298,12 +342,14 @@ def compare_command(
         ),
     ] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots")] = True,
-    progress: Annotated[bool | None, typer.Option("--progress/--no-progress")] = None,
+    workers: WorkersOpt = None,
+    cluster: ClusterOpt = None,
+    progress: RunProgressOpt = None,
 ) -> None:
     """Run several policies on TRACE side by side (or a recorded run vs its replay)."""
     from minibatch.metrics.table import compare_table
     from minibatch.sim import compare as comparing
-    from minibatch.sim import runner
+    from minibatch.sim.swf import find_trace
 
     with common.reporting("mb compare"):
         config = build_config(
@@ -317,15 +363,14 @@ def compare_command(
         names = [p.strip() for p in policies.split(",") if p.strip()]
         if not names:
             raise InvalidArgument("--policies needs at least one name")
-        work = runner.load(config)
+        # Workers elsewhere (a Dask cluster) find the trace by its full path.
+        config = replace(config, trace=str(find_trace(config.trace).resolve()))
         target = Path(out or "mb-compare")
-        show = _want_progress(progress) and len(work.jobs) >= 10_000
-        with progress_bar(show, "compare") as update:
-            runs = comparing.compare(
-                config, names, target, plots=plots, progress=update, workload=work
-            )
+        with run_pool(workers, cluster, progress, "compare") as pool:
+            runs = comparing.compare(config, names, target, plots=plots, pool=pool)
+        head = runs[0]
         typer.echo(
-            f"{len(work.jobs):,} jobs on {work.machine.describe()}\n"
+            f"{len(head.records):,} jobs on {head.machine.describe()}\n"
             + compare_table(names, [r.summary for r in runs]),
             nl=False,
         )
@@ -384,6 +429,9 @@ def experiment_command(
         bool, typer.Option("--list", help="List the experiments.")
     ] = False,
     plots: Annotated[bool, typer.Option("--plots/--no-plots")] = True,
+    workers: WorkersOpt = None,
+    cluster: ClusterOpt = None,
+    progress: RunProgressOpt = None,
 ) -> None:
     """Run a named, reproducible comparison and write its table and plots."""
     from minibatch.sim import experiments
@@ -393,9 +441,14 @@ def experiment_command(
             typer.echo(experiments.describe_all(), nl=False)
             return
         target = Path(out or f"results/{name}")
-        experiments.run_experiment(
-            name, target, plots=plots, say=lambda s: typer.echo(s, err=True)
-        )
+        with run_pool(workers, cluster, progress, name) as pool:
+            experiments.run_experiment(
+                name,
+                target,
+                plots=plots,
+                pool=pool,
+                say=lambda s: typer.echo(s, err=True),
+            )
         typer.echo((target / "results.md").read_text(), nl=False)
         typer.echo(f"\nwrote {target}")
 
@@ -410,11 +463,17 @@ def bench_sim(
     policy: PolicyOpt = "easy",
     procs: ProcsOpt = None,
     repeat: Annotated[int, typer.Option(help="Runs; the median is kept.")] = 3,
+    depth_curve: Annotated[
+        bool,
+        typer.Option(
+            "--depth-curve", help="Also time each pass by the number of jobs queued."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Simulated jobs/s of a policy on a whole trace, next to a bare event loop."""
     from minibatch.sim import bench
-    from minibatch.sim.runner import MachineSpec, SimConfig
+    from minibatch.sim.runner import MachineSpec, SimConfig, load
     from minibatch.sim.swf import find_trace
 
     with common.reporting("mb bench sim"):
@@ -423,8 +482,14 @@ def bench_sim(
             policy=policy,
             machine=MachineSpec(procs=procs),
         )
-        result = bench.run(config, repeat=repeat)
+        work = load(config)
+        result = bench.run(config, repeat=repeat, work=work)
+        if depth_curve:
+            result["depth_curve"] = bench.depth_curve(config, work)
         if as_json:
             typer.echo(json.dumps(result, indent=2))
             return
         typer.echo(bench.render(result), nl=False)
+        if depth_curve:
+            typer.echo("\npolicy time per pass, by jobs queued:")
+            typer.echo(bench.render_curve(result["depth_curve"]), nl=False)

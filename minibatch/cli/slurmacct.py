@@ -20,9 +20,7 @@ import re
 import sys
 import time
 from datetime import datetime
-from typing import Annotated
-
-import typer
+from typing import TYPE_CHECKING, Annotated
 
 from minibatch.cli import acct, common, render, slurmfmt
 from minibatch.cli.optvalues import relative_time
@@ -36,6 +34,11 @@ from minibatch.cli.slurmcmds import (
     resolve,
     user_names,
 )
+
+if TYPE_CHECKING:
+    import typer
+else:
+    from minibatch.cli.fastargs import typer
 
 
 def _account_fields() -> acct.Fields:

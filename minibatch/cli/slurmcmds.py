@@ -20,14 +20,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Annotated, Any
 
-import typer
-
 from minibatch.cli import common, qstat, render, slurmfmt, squeuefmt
 from minibatch.core.job import ACTIVE_STATES, Job, JobState
 from minibatch.errors import ErrorCode, InvalidArgument
 
 if TYPE_CHECKING:
+    import typer
+
     from minibatch.protocol.messages import JobList, Refusal
+else:
+    from minibatch.cli.fastargs import typer
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["--help"]}
 HELP_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}

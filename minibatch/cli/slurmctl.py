@@ -17,12 +17,15 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Annotated, Any
 
 from minibatch.cli import common, qstat, slurmcmds, slurmfmt, slurmshow
 from minibatch.errors import ErrorCode, InvalidArgument, RemoteError
+
+if TYPE_CHECKING:
+    import typer
+else:
+    from minibatch.cli.fastargs import typer
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
 

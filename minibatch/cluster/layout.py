@@ -22,7 +22,6 @@ from collections import Counter
 from collections.abc import Iterable
 
 import msgspec
-import psutil
 
 from minibatch.config import Config
 from minibatch.core.units import (
@@ -346,6 +345,9 @@ def usable_cpus() -> list[int]:
 
 def physical_mem_kb() -> int:
     """Total physical memory in KiB."""
+    # Imported here: the commands that render nodes import this module too.
+    import psutil
+
     return int(psutil.virtual_memory().total // 1024)
 
 

@@ -26,13 +26,10 @@ import msgspec
 import psutil
 
 from minibatch.cluster import layout as layouts
-from minibatch.cluster import stopping
 from minibatch.cluster.layout import NodeLayout, virtual_note
 from minibatch.config import Config, Paths, mqtt_url
 from minibatch.errors import InvalidArgument, MinibatchError, Unavailable
-from minibatch.events import credentials as mqtt_credentials
 from minibatch.net.client import Client
-from minibatch.node.procfs import kill_leftovers
 from minibatch.protocol.messages import (
     NodeInfo,
     NodeList,
@@ -294,6 +291,8 @@ def up(
             # Written before the server starts: it reads the URL at start-up,
             # and the credentials only it may publish with (the broker's rule).
             _write_atomic(paths.mqtt_url_file, url + "\n")
+            from minibatch.events import credentials as mqtt_credentials
+
             mqtt_credentials.ensure(paths.mqtt_credentials)
             args = ["--port", str(port), "--credentials", str(paths.mqtt_credentials)]
             if _use_mosquitto(config.mqtt.broker):
@@ -360,6 +359,8 @@ def _stop(
         _wait_gone(alive, 5)
         for name in (procs[p] for p in alive if procs[p].startswith("node-")):
             # A node killed before it could end its jobs leaves them running.
+            from minibatch.node.procfs import kill_leftovers
+
             kill_leftovers(name.removeprefix("node-"), str(paths.home))
     return stopped
 
@@ -446,6 +447,9 @@ def down(
     Returns:
         The daemons that were running, in the order they were stopped.
     """
+    # Imported here: mb status, which imports this module, has no use for it.
+    from minibatch.cluster import stopping
+
     if not paths.run.is_dir():
         return []
     pids = running(paths)

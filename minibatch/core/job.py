@@ -270,6 +270,10 @@ class Job(msgspec.Struct, kw_only=True):
     maxrss_kb: int | None = None
     reason: str = ""
     predicted_start: float | None = None
+    #: The start predicted by the first plan that saw it queued, set when it
+    #: starts and kept (``jobs.csv``'s ``predicted_start``); the time it was
+    #: queued if that very plan started it (``PendingQueue.planned_start``).
+    first_predicted_start: float | None = None
     comment: str = ""
     account: str = ""
     qos: str = ""

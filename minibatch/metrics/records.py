@@ -61,7 +61,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     queue: str = ""
     mem_kb: int | None = None
     nodes: tuple[str, ...] = ()
-    #: The start the policy predicted at submission, where it made one.
+    #: The start the policy predicted at submission, where it made one; the
+    #: submit time of a job started then (live: by the first plan that saw it).
     predicted_start: float | None = None
     #: The start recorded in the trace (submit + wait), where it has one.
     trace_start: float | None = None
@@ -148,6 +149,7 @@ def from_jobs(jobs: Iterable[Job], queue: str = "batch") -> list[JobRecord]:
                 req_time=float(job.request.walltime),
                 mem_kb=job.request.mem_kb,
                 nodes=tuple(a.node for a in job.alloc),
+                predicted_start=job.first_predicted_start,
             )
         )
     records.sort(key=lambda r: (r.submit, r.job))

@@ -10,7 +10,9 @@ Definitions (``docs/simulator.md`` has the same list):
 * makespan = last end - first submit;
 * utilization = sum(procs x run) / (machine procs x makespan) (a malleable
   job's procs x run is the CPU-seconds it held);
-* throughput = jobs / makespan (reported per hour).
+* throughput = jobs / makespan (reported per hour);
+* prediction error = |start - predicted start| over the jobs with a predicted
+  start (the policy's at submission; a job started then has its submit time).
 
 Seed 001 warns that means over skewed distributions mislead, so every per-job
 metric comes with its median, 90th and 99th percentiles and maximum. Percentiles
@@ -102,7 +104,8 @@ def summarize(records: Sequence[JobRecord], capacity: int | None) -> dict[str, A
 
     Keys: ``jobs``, ``{mean,median,p90,p99,max}_{wait_s,response_s}``,
     ``{mean,median,p90,p99,max}_{slowdown,bounded_slowdown}``, ``utilization``,
-    ``makespan_s``, ``throughput_jobs_per_h``.
+    ``makespan_s``, ``throughput_jobs_per_h``, ``predicted_jobs``,
+    ``{mean,median}_abs_prediction_error_s``.
     """
     out: dict[str, Any] = {"jobs": len(records)}
     for name, fn in PER_JOB.items():
@@ -116,6 +119,14 @@ def summarize(records: Sequence[JobRecord], capacity: int | None) -> dict[str, A
     )
     out["makespan_s"] = span
     out["throughput_jobs_per_h"] = len(records) / span * 3600 if span > 0 else math.nan
+    errors = describe(
+        abs(r.start - r.predicted_start)
+        for r in records
+        if r.predicted_start is not None
+    )
+    out["predicted_jobs"] = sum(r.predicted_start is not None for r in records)
+    out["mean_abs_prediction_error_s"] = errors.mean
+    out["median_abs_prediction_error_s"] = errors.median
     if any(r.static_run is not None for r in records):
         out["malleable_jobs"] = sum(r.static_run is not None for r in records)
         out["guest_jobs"] = sum(r.guest for r in records)

@@ -14,14 +14,21 @@ resources the machine has (CPUs; memory when every node reports it; GPUs if any
 node has them), ``S_i`` is the fraction of resource i in use now and ``R_i^j`` the
 fraction job j asks for (Table 1 of the seed).
 
-* **BB**, per traversal of the candidates, backfills the one with the lowest
-  score (Eq. 1), then traverses again, until no candidate fits::
+* **BB** traverses the candidates once and backfills the one with the lowest
+  score (Eq. 1)::
 
       max_i(S_i + R_i^j) / (sum_i(S_i + R_i^j) / K)  *  (1 - sum_i(S_i + R_i^j) / K)
 
   a balance measure (max over mean: 1 when all resources are equally used) times
   a fullness modifier that lets a job filling the machine win over a smaller,
-  better balanced one. Ties go to the job earlier in priority order.
+  better balanced one. Ties go to the job earlier in priority order. That is
+  at most one backfill per scheduling pass: the seed's "it can only select one
+  job to backfill in one traversal", which is what IBB improves on. The other
+  candidates that fit wait for the next pass ("not backfilled: one backfill per
+  pass (bb)"), which comes with the next arrival or end (a start does not
+  cause a pass, in the simulator or live; live, also every ``interval``). With
+  ``rescan=true`` BB traverses again after each start until no candidate fits
+  (the loop of Maui's BESTFIT, with Eq. 1 as the metric).
 * **IBB** traverses the candidates once, in priority order, and backfills
   *every* one that does not worsen the balance (Eq. 2), with S updated after
   each::
@@ -43,7 +50,8 @@ job queue, backfill all the jobs [that] meet the above requirement"), which is
 what IBB does here.
 
 Parameters (both): ``depth`` (reservations before backfilling, default 1),
-``order`` (a priority function, given in code).
+``order`` (a priority function, given in code); BB also ``rescan`` (default
+false: one backfill per pass; ``true``/``"true"``: traverse again after each).
 """
 
 from __future__ import annotations
@@ -53,8 +61,9 @@ from typing import ClassVar
 
 from minibatch.core.snapshot import PendingView
 from minibatch.policy.backfill import Backfill, pick_repeatedly
-from minibatch.policy.base import Order
+from minibatch.policy.base import Order, as_bool
 from minibatch.policy.planning import Pass
+from minibatch.policy.profile import Profile
 
 #: Relative tolerance of Eq. 2's comparison.
 TOLERANCE = 1e-12
@@ -80,10 +89,18 @@ def ibb_accepts(used: Sequence[float], need: Sequence[float]) -> bool:
     return balance(after) <= before * (1 + TOLERANCE)
 
 
+#: Why a BB candidate that fits now was not the one backfilled.
+PASSED_OVER = "not backfilled: one backfill per pass (bb)"
+
+
 class BackfillBalanced:
-    """BB's selection: per traversal, the candidate with the lowest Eq. 1."""
+    """BB's selection: the candidate with the lowest Eq. 1, once per pass
+    (``rescan``: again after each start, until none fits)."""
 
     name = "bb"
+
+    def __init__(self, rescan: bool | str = False) -> None:
+        self.rescan = as_bool("rescan", rescan)
 
     def run(self, p: Pass, jobs: list[PendingView]) -> None:
         # Eq. 1 depends on S and the job's shape only: one score per shape and
@@ -97,7 +114,25 @@ class BackfillBalanced:
                 value = scores[key] = bb_score(p.utilization(), p.demand(job))
             return value
 
-        pick_repeatedly(p, jobs, score)
+        if self.rescan:
+            pick_repeatedly(p, jobs, score)
+            return
+        best: tuple[PendingView, Profile, list[int]] | None = None
+        best_score = 0.0
+        fits: set[int] = set()
+        for job in jobs:
+            found = p.fit(job)
+            if found is None:
+                continue
+            fits.add(job.id)
+            s = score(job)
+            if best is None or s < best_score:
+                best, best_score = (job, *found), s
+        if best is not None:
+            p.start(*best)
+        for job in jobs:
+            if best is None or job is not best[0]:
+                p.reasons[job.id] = PASSED_OVER if job.id in fits else p.reason(job)
 
 
 class ImprovedBackfillBalanced:
@@ -126,12 +161,19 @@ class ImprovedBackfillBalanced:
 
 
 class BB(Backfill):
-    """EASY with seed 003's BB selection: ``Backfill(depth=1, select="bb")``."""
+    """EASY with seed 003's BB selection: ``Backfill(depth=1, select="bb")``;
+    ``rescan``: backfill again after each start rather than once per pass."""
 
     name: ClassVar[str] = "bb"
 
-    def __init__(self, depth: int | str = 1, order: Order | None = None) -> None:
-        super().__init__(depth=depth, select=BackfillBalanced(), order=order)
+    def __init__(
+        self,
+        depth: int | str = 1,
+        order: Order | None = None,
+        rescan: bool | str = False,
+    ) -> None:
+        select = BackfillBalanced(rescan)
+        super().__init__(depth=depth, select=select, order=order)
 
 
 class IBB(Backfill):

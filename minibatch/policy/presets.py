@@ -54,9 +54,9 @@ PRESETS: dict[str, Preset] = {
     ),
     "bb": Preset(
         "minibatch.policy.balanced:BB",
-        "EASY + Backfill Balanced: one candidate per traversal, lowest Eq. 1 "
-        "over CPUs and memory (seed 003)",
-        "depth=1",
+        "EASY + Backfill Balanced: one backfill per pass, the candidate with "
+        "the lowest Eq. 1 over CPUs and memory (seed 003)",
+        "depth=1, rescan=false (true: traverse again after each start)",
     ),
     "ibb": Preset(
         "minibatch.policy.balanced:IBB",

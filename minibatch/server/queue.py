@@ -5,6 +5,11 @@ no per-job work on the server beyond copying references. Order is priority order
 (queue priority, then the job's ``-p`` priority, then submission order, ties
 by id: :attr:`PendingView.rank`); jobs mostly arrive in that order, so sorting is
 needed only after a release or a satisfied dependency, and is done lazily.
+
+Each job also keeps the start predicted by the first plan whose snapshot saw it
+after it was queued (:meth:`PendingQueue.planned_start`), as the simulator keeps
+the prediction made at a job's submission: what ``jobs.csv`` compares with the
+real start.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class PendingQueue:
         self._unseen: list[tuple[int, Rank]] = []
         #: The last plan's ``upcoming_by_submission``.
         self.by_submission = False
+        #: Queued jobs no plan has seen yet (entry number by id, in entry
+        #: order), and the starts the first plan to see the others predicted.
+        self._unjudged: dict[int, int] = {}
+        self._first: dict[int, float] = {}
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._views)
@@ -66,6 +75,8 @@ class PendingQueue:
             self._last = key
         self._views[job.id] = view
         self._note(key)
+        self._unjudged.pop(job.id, None)  # re-added: to the end, in entry order
+        self._unjudged[job.id] = self._entries
 
     def unblocked(self) -> None:
         """Jobs left out of snapshots (over a QOS limit) may be eligible again:
@@ -95,6 +106,8 @@ class PendingQueue:
 
     def discard(self, job_id: int) -> None:
         self._views.pop(job_id, None)
+        self._unjudged.pop(job_id, None)
+        self._first.pop(job_id, None)
 
     def ordered(self) -> tuple[PendingView, ...]:
         if not self._sorted:
@@ -115,7 +128,30 @@ class PendingQueue:
             self.upcoming = deque(plan.upcoming)
             self.by_submission = plan.upcoming_by_submission
             self._unseen = [(n, k) for n, k in self._unseen if n > seen]
+            self._judge(plan.predicted, seen)
         self._default, self._plan_time = plan.default_reason, snapshot_time
+
+    def _judge(self, predicted: dict[int, float], seen: int) -> None:
+        """Keep the predictions of a plan for the jobs its snapshot (which saw
+        entries up to ``seen``) was the first to see."""
+        judged = []
+        for jid, entry in self._unjudged.items():
+            if entry > seen:
+                break  # entry order: the rest came later
+            judged.append(jid)
+        for jid in judged:
+            del self._unjudged[jid]
+            when = predicted.get(jid)
+            if when is not None:
+                self._first[jid] = when
+
+    def planned_start(self, job: Job) -> float | None:
+        """The predicted start ``job``, starting now, keeps: the first plan's
+        that saw it queued; if none had seen it yet, the plan starting it is the
+        first, and it predicted no wait: when the job was queued."""
+        if job.id in self._unjudged:
+            return job.submit_time if job.queued_since is None else job.queued_since
+        return self._first.get(job.id)
 
     def explain(self, job: Job) -> None:
         """Fill a queued job's reason and predicted start from the last plan."""

@@ -465,6 +465,7 @@ class ServerState:
         if isinstance(allocs, str):
             return allocs
         self.qos.started(job)
+        job.first_predicted_start = self.queue.planned_start(job)
         self._move(job, JobState.RUNNING)
         job.time_limit = limit
         job.alloc, job.start_time, job.reason = allocs, self.clock(), ""

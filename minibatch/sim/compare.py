@@ -1,7 +1,8 @@
 """Several policies on one workload, and a recorded schedule against its replay.
 
 :func:`compare` runs each policy on the *same* filtered jobs (the trace is read
-once) and writes each run's files plus the side-by-side plots.
+once per process: :mod:`minibatch.sim.parallel`) and writes each run's files
+plus the side-by-side plots.
 :func:`live_vs_sim` replays a trace (typically a live run exported with
 ``mb acct --swf``) and reports, per job, how far the simulated start is from the
 start the trace records (submit + wait).
@@ -17,7 +18,8 @@ from typing import Any
 from minibatch.metrics.records import JobRecord, format_number
 from minibatch.metrics.summary import Stats, describe
 from minibatch.sim.engine import Progress
-from minibatch.sim.runner import SimConfig, SimRun, Workload, load, simulate, write_run
+from minibatch.sim.parallel import Pool, SimTask
+from minibatch.sim.runner import SimConfig, SimRun, simulate, write_run
 
 
 def compare(
@@ -25,23 +27,21 @@ def compare(
     policies: Sequence[str],
     out: Path | None = None,
     plots: bool = True,
-    progress: Progress | None = None,
-    workload: Workload | None = None,
+    pool: Pool | None = None,
 ) -> list[SimRun]:
-    """Run every policy on ``config``'s workload.
+    """Run every policy on ``config``'s workload, on ``pool`` (default: here,
+    one after the other).
 
     With ``out``, each run goes to ``out/<policy>/`` (``jobs.csv``,
     ``summary.json``) and, with ``plots``, the comparison plots to ``out``.
     """
-    work = workload or load(config)
-    runs = []
-    for name in policies:
-        run = simulate(replace(config, policy=name), work, progress)
-        runs.append(run)
-        if out is not None:
+    tasks = [SimTask(replace(config, policy=name)) for name in policies]
+    runs = (pool or Pool(workers=1)).all(tasks)
+    if out is not None:
+        for name, run in zip(policies, runs, strict=True):
             write_run(run, out / _slug(name))
-    if out is not None and plots:
-        compare_plots(runs, out)
+        if plots:
+            compare_plots(runs, out)
     return runs
 
 

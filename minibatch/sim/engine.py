@@ -10,16 +10,18 @@ ends (a heap of start + run time). At each instant that has events:
    (the job is queued, the named nodes are distinct, exist and have the CPUs and
    memory free now). A start that breaks them is a policy bug: :class:`PlanRejected`.
 
-The pass is skipped only when the queue is empty, where no policy can start or
-predict anything. A job runs for its trace run time (``kill_at_walltime`` cuts it at
+The pass is skipped when the queue is empty, and when it is *quiet*
+(:mod:`minibatch.sim.quiet`): provably without a start, a resize or a prediction
+to keep. A job runs for its trace run time (``kill_at_walltime`` cuts it at
 its requested time); the policy only ever sees requested times, and a running job
 past its requested end counts as ending now (``RunningView.expected_end``).
 
 Speed comes from sharing, not from a special policy API: each job's
 :class:`PendingView` is made once at arrival and its :class:`RunningView` once at
 start; the queue and the running set are insertion-ordered dicts, and a snapshot
-gets read-only *views* of them (:class:`RecordView`), so a pass never copies or
-re-sorts the queue. A view refuses to be read after the simulator has moved on.
+gets read-only *views* of them (:class:`~minibatch.sim.views.RecordView`), so a
+pass never copies or re-sorts the queue. A view refuses to be read after the
+simulator has moved on.
 
 A simulation may also start from a machine already at work (a :class:`Backlog`:
 jobs running and queued at an instant, as :mod:`minibatch.sim.whatif` takes them
@@ -42,9 +44,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator, Sequence
-from itertools import islice
-from typing import Generic, NamedTuple, TypeVar, overload
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import msgspec
 
@@ -67,69 +69,19 @@ from minibatch.core.usage import (
 )
 from minibatch.policy.base import Policy, mem_per_node
 from minibatch.sim.backlog import Backlog, seed
-from minibatch.sim.machine import Machine, NodeSpec
+from minibatch.sim.machine import Machine
 from minibatch.sim.malleable import Malleability, PlanRejected
+from minibatch.sim.quiet import prediction_reach
+from minibatch.sim.rules import check_downtimes, check_start, room
 from minibatch.sim.swf import TraceJob
+from minibatch.sim.views import Clock, RecordView
 
 __all__ = ["Outcome", "PlanRejected", "RecordView", "SimStats", "Simulator"]
 
-T = TypeVar("T")
-
 #: Called now and then with (jobs that arrived so far, all jobs).
 Progress = Callable[[int, int], None]
-
-
-class _Clock:
-    """The simulator's state version; a view is valid only while it is unchanged."""
-
-    __slots__ = ("version",)
-
-    def __init__(self) -> None:
-        self.version = 0
-
-
-class RecordView(Sequence[T], Generic[T]):
-    """A read-only, no-copy view of the simulator's queue or running set.
-
-    Iteration is the dict's own (C speed). Reading it after the simulator changed
-    its state raises, so a policy cannot keep a snapshot between passes.
-    """
-
-    __slots__ = ("_items", "_clock", "_version")
-
-    def __init__(self, items: dict[int, T], clock: _Clock) -> None:
-        self._items = items
-        self._clock = clock
-        self._version = clock.version
-
-    def _check(self) -> None:
-        if self._clock.version != self._version:
-            raise RuntimeError("snapshot read after the simulator moved on")
-
-    def __iter__(self) -> Iterator[T]:
-        self._check()
-        return iter(self._items.values())
-
-    def __len__(self) -> int:
-        self._check()
-        return len(self._items)
-
-    @overload
-    def __getitem__(self, index: int) -> T: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[T]: ...
-
-    def __getitem__(self, index: int | slice) -> T | Sequence[T]:
-        self._check()
-        values = self._items.values()
-        if isinstance(index, slice):
-            return tuple(values)[index]
-        size = len(self._items)
-        position = index + size if index < 0 else index
-        if not 0 <= position < size:
-            raise IndexError("view index out of range")
-        return next(islice(values, position, None))
+#: Called after each pass with the jobs queued and the policy's seconds on it.
+Meter = Callable[[int, float], None]
 
 
 class Outcome(NamedTuple):
@@ -139,7 +91,8 @@ class Outcome(NamedTuple):
     start: float
     end: float
     nodes: tuple[str, ...]
-    #: The start the policy predicted at the job's submission instant, if any.
+    #: The start the policy predicted at the job's submission instant, if any;
+    #: its submit time if it started then.
     predicted: float | None
     #: Times its CPUs changed while it ran, and whether it started as a guest
     #: (on CPUs running malleable jobs lent it, SD-Policy).
@@ -155,6 +108,8 @@ class SimStats(NamedTuple):
     instants: int
     passes: int
     starts: int
+    #: Passes skipped as quiet (:mod:`minibatch.sim.quiet`).
+    quiet: int = 0
 
 
 class Simulator:
@@ -171,6 +126,11 @@ class Simulator:
             (:mod:`minibatch.sim.malleable`).
         backlog: start from this state at its ``now`` (no job of ``jobs`` may
             arrive, no downtime start, before it) rather than an idle machine.
+        skip_quiet: skip the passes that provably change nothing
+            (:mod:`minibatch.sim.quiet`); False runs one at every instant with
+            a queue, to check that skipping changes nothing.
+        meter: optional callback, called after every pass with the number of
+            queued jobs and the seconds the policy took (``mb bench sim``).
     """
 
     def __init__(
@@ -184,6 +144,8 @@ class Simulator:
         reservations: Sequence[ReservationView] = (),
         runtime_model: RuntimeModel = RuntimeModel.IDEAL,
         backlog: Backlog | None = None,
+        skip_quiet: bool = True,
+        meter: Meter | None = None,
     ) -> None:
         if any(r.users for r in reservations):
             raise ValueError("the simulator models downtimes only (no users)")
@@ -205,12 +167,22 @@ class Simulator:
         self.kill_at_walltime = kill_at_walltime
         self.runtime_model = runtime_model
         self.progress = progress
+        self.meter = meter
         self.stats = SimStats(0, 0, 0)
         self.needs: frozenset[str] = getattr(policy, "needs", frozenset())
         config = getattr(policy, "fairshare_config", None)
         self.fairshare_config: FairshareConfig = (
             config if isinstance(config, FairshareConfig) else FairshareConfig()
         )
+        # A malleable job may start on fewer CPUs than it asks for, and the
+        # usage ledger is read at every pass: no quiet pass with either.
+        malleable = any(j.request.malleable for j in (*queued, *self.jobs)) or any(
+            r.malleable for r in (backlog.running if backlog else ())
+        )
+        self.skip_quiet = skip_quiet and not malleable and "fairshare" not in self.needs
+        # A backlog's queue may hold jobs that never fit, or in reservations.
+        reach = None if backlog else prediction_reach(policy)
+        self.reach: float = math.inf if reach is None else reach
 
     def run(self) -> list[Outcome]:
         """Simulate to the end; one :class:`Outcome` per job, in submission order."""
@@ -219,7 +191,7 @@ class Simulator:
         jobs = self.jobs
         total = len(jobs)
         policy_plan = self.policy.plan
-        clock = _Clock()
+        clock = Clock()
         free = {n.name: n.cpus for n in self.machine.nodes}
         free_mem = {n.name: n.mem_kb for n in self.machine.nodes}
         spec = {n.name: n for n in self.machine.nodes}
@@ -290,10 +262,18 @@ class Simulator:
                 )
         by_id.update((j.id, j) for j in queued)
         qos = {} if backlog is None else dict(backlog.qos)
+        # Quiet passes: a heap of the queued jobs' (CPUs per node, id); the
+        # entry of a job that left the queue (none comes back) stays until it
+        # would hide the least.
+        least = [(v.request.ppn, v.id) for v in queue.values()]
+        heapq.heapify(least)
+        skip_quiet, reach = self.skip_quiet, self.reach
+        pool = next(iter(free)) if len(free) == 1 else None
+        meter = self.meter
 
-        def room(node: str, jid: int, t: float, until: float) -> int:
+        def room_for(node: str, jid: int, t: float, until: float) -> int:
             span = (t, until)
-            return _room(node, span, active, running, free, spec, exclude=jid)[0]
+            return room(node, span, active, running, free, spec, exclude=jid)[0]
 
         mall = Malleability(
             self.runtime_model,
@@ -302,13 +282,13 @@ class Simulator:
             running,
             ends,
             on_change=recharge if ledger is not None else None,
-            room=room,
+            room=room_for,
         )
         runs = mall.runs
         accounting = ledger is not None or history is not None
         no_usage = FairshareView()
         no_accuracy: dict[str, tuple[float, ...]] = {}
-        instants = passes = 0
+        instants = passes = quiet = 0
         while arrived < total or ends:
             if ends and (arrived >= total or ends[0][0] <= jobs[arrived].submit):
                 now = ends[0][0]
@@ -356,6 +336,8 @@ class Simulator:
                     request=job.request,
                     submit_time=job.submit,
                 )
+                if skip_quiet:
+                    heapq.heappush(least, (job.request.ppn, job.id))
                 arrived += 1
             clock.version += 1
             if progress is not None and arrived >= next_report:
@@ -363,6 +345,18 @@ class Simulator:
                 next_report += 4096
             if not queue and not (runs and mall.growable()):
                 continue  # nothing to start, predict or grow: no pass
+            # Predictions are kept for arrivals only: with arrivals, a pass may be
+            # quiet only if the policy cannot be predicting for them.
+            if skip_quiet and (
+                arrived == first_new or len(queue) - (arrived - first_new) >= reach
+            ):
+                widest = free[pool] if pool is not None else max(free.values())
+                # Stale entries (jobs gone) matter only while they hide the least.
+                while least[0][0] <= widest and least[0][1] not in queue:
+                    heapq.heappop(least)
+                if least[0][0] > widest:
+                    quiet += 1
+                    continue  # no start, resize or prediction possible
             # 3. One pass over views of the current state.
             if dirty:
                 for name in dirty:
@@ -387,7 +381,12 @@ class Simulator:
                 accuracy=no_accuracy if history is None else history.view(),
                 qos=qos,
             )
-            plan = policy_plan(snap)
+            if meter is None:
+                plan = policy_plan(snap)
+            else:
+                began = time.perf_counter()
+                plan = policy_plan(snap)
+                meter(len(queue), time.perf_counter() - began)
             passes += 1
             clock.version += 1  # the snapshot's views are stale from here on
             guests: dict[int, list[Resize]] = {}
@@ -399,6 +398,12 @@ class Simulator:
                         mall.resize(resize, now)
                     if resize.job in running:
                         dirty.add(running[resize.job].nodes[0][0])
+            if plan.predicted:
+                for k in range(first_new, arrived):
+                    jid = jobs[k].id
+                    when = plan.predicted.get(jid)
+                    if when is not None:
+                        predicted[jid] = when
             for start in plan.starts:
                 jid = start.job
                 pending = queue.get(jid)
@@ -423,13 +428,17 @@ class Simulator:
                         req = msgspec.structs.replace(
                             req, ppn=ppn, walltime=math.ceil(wall)
                         )
-                _check_start(jid, names, req.nodes, req.ppn, mem, free, free_mem)
+                check_start(jid, names, req.nodes, req.ppn, mem, free, free_mem)
                 if active:
                     span = (now, now + req.walltime)
-                    _check_downtimes(
+                    check_downtimes(
                         jid, names, req.ppn, span, active, running, free, spec
                     )
                 del queue[jid]
+                if pending.submit_time == now:
+                    # Started at its submission: its predicted start is now,
+                    # whatever the plan may have said (applied after it).
+                    predicted[jid] = now
                 for name in names:
                     free[name] -= req.ppn
                     if mem is not None:
@@ -475,15 +484,9 @@ class Simulator:
                 raise PlanRejected(
                     f"plan shrinks jobs for guests it does not start: {guests}"
                 )
-            if plan.predicted:
-                for k in range(first_new, arrived):
-                    jid = jobs[k].id
-                    when = plan.predicted.get(jid)
-                    if when is not None:
-                        predicted[jid] = when
         if progress is not None:
             progress(total, total)
-        self.stats = SimStats(instants, passes, len(started))
+        self.stats = SimStats(instants, passes, len(started), quiet)
         if queue:
             raise PlanRejected(
                 f"{len(queue)} job(s) never started (first: {next(iter(queue))}); "
@@ -501,90 +504,3 @@ class Simulator:
             )
             for j in (*queued, *jobs)
         ]
-
-
-def _check_start(
-    jid: int,
-    names: tuple[str, ...],
-    count: int,
-    ppn: int,
-    mem: int | None,
-    free: dict[str, int],
-    free_mem: dict[str, int | None],
-) -> None:
-    """The server's rules for a start (``NodeRegistry.allocate``), or raise."""
-    if len(names) != count or (count > 1 and len(set(names)) != count):
-        raise PlanRejected(f"job {jid} needs {count} distinct nodes, plan gave {names}")
-    for name in names:
-        cpus = free.get(name)
-        if cpus is None:
-            raise PlanRejected(f"job {jid}: node {name} does not exist")
-        if cpus < ppn:
-            raise PlanRejected(f"job {jid}: node {name} has {cpus} free CPUs < {ppn}")
-        held = free_mem[name]
-        if mem is not None and held is not None and held < mem:
-            raise PlanRejected(f"job {jid}: node {name} has {held} KB free < {mem}")
-
-
-def _check_downtimes(
-    jid: int,
-    names: tuple[str, ...],
-    ppn: int,
-    span: tuple[float, float],
-    downtimes: tuple[ReservationView, ...],
-    running: dict[int, RunningView],
-    free: dict[str, int],
-    spec: dict[str, NodeSpec],
-) -> None:
-    """The server's rule for reserved CPUs, by count: over its requested time,
-    the job must find its CPUs outside every downtime, or raise."""
-    for name in names:
-        left, when = _room(name, span, downtimes, running, free, spec)
-        if left < ppn:
-            raise PlanRejected(
-                f"job {jid}: node {name} would run into a downtime (at {when:.0f})"
-            )
-
-
-def _room(
-    name: str,
-    span: tuple[float, float],
-    downtimes: tuple[ReservationView, ...],
-    running: dict[int, RunningView],
-    free: dict[str, int],
-    spec: dict[str, NodeSpec],
-    exclude: int = -1,
-) -> tuple[int, float]:
-    """The fewest CPUs of node ``name`` outside every downtime over ``span``
-    that no running job holds (``exclude``'s own count as free), and when.
-
-    Now, that is the free CPUs less those a downtime holds. Later, busy CPUs
-    only drop (jobs end by their requested times, an overdue one counts as
-    ending now, as policies count it), so it is enough to look again at each
-    downtime start inside the span.
-    """
-    now, until = span
-    own = sum(c for n, c in running[exclude].nodes if n == name) if exclude >= 0 else 0
-    windows = [
-        (r.start, r.end, cpus)
-        for r in downtimes
-        for node, cpus in r.nodes
-        if node == name and r.start < until and r.end > now
-    ]
-    least, when = free[name] + own, now
-    for t in {now, *(start for start, _, _ in windows if start > now)}:
-        held = sum(c for start, end, c in windows if start <= t < end)
-        if t == now:
-            left = free[name] + own - held
-        else:
-            busy = sum(
-                cpus
-                for r in running.values()
-                if r.id != exclude and r.expected_end(now) > t
-                for node, cpus in r.nodes
-                if node == name
-            )
-            left = spec[name].cpus - busy - held
-        if left < least:
-            least, when = left, t
-    return least, when

@@ -21,10 +21,12 @@ other label is a policy name. The paper reproductions on synthetic workloads
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +36,13 @@ from minibatch.metrics.summary import percentile
 from minibatch.metrics.table import compare_table, grid, number
 from minibatch.sim import paper_bode, paper_psp
 from minibatch.sim.compare import compare_plots
-from minibatch.sim.engine import Progress
+from minibatch.sim.parallel import Pool, SimTask, shared
 from minibatch.sim.runner import (
     MachineSpec,
     SimConfig,
     SimRun,
     Workload,
-    load,
     policy_ref,
-    simulate,
     write_run,
     write_summary,
 )
@@ -77,15 +77,13 @@ class Experiment:
     params: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: label -> (policy, parameters).
     variants: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
-    #: A synthetic experiment: (output dir, progress, say) -> (results, text).
+    #: A synthetic experiment: (output dir, pool, say) -> (results, text).
     runner: Runner | None = None
     #: Text appended to each workload's section: (labels, runs) -> text.
     extra: Callable[[list[str], list[SimRun]], str] | None = None
 
 
-Runner = Callable[
-    [Path, Progress | None, Callable[[str], None]], tuple[dict[str, Any], str]
-]
+Runner = Callable[[Path, Pool, Callable[[str], None]], tuple[dict[str, Any], str]]
 
 
 def _veet_text(labels: list[str], runs: list[SimRun]) -> str:
@@ -116,31 +114,31 @@ def _veet_text(labels: list[str], runs: list[SimRun]) -> str:
 
 
 def _bode(
-    out: Path, progress: Progress | None, say: Callable[[str], None]
+    out: Path, pool: Pool, say: Callable[[str], None]
 ) -> tuple[dict[str, Any], str]:
-    return paper_bode.run_bode(out, tuple(range(1, 21)), progress)
+    return paper_bode.run_bode(out, tuple(range(1, 21)))
 
 
 def _psp(
-    out: Path, progress: Progress | None, say: Callable[[str], None]
+    out: Path, pool: Pool, say: Callable[[str], None]
 ) -> tuple[dict[str, Any], str]:
-    return paper_psp.run_psp(out, (1, 2, 3, 4), PSP_PROCS, PSP_LOAD, progress, say)
+    return paper_psp.run_psp(out, (1, 2, 3, 4), PSP_PROCS, PSP_LOAD, say=say)
 
 
 def _sd(
-    out: Path, progress: Progress | None, say: Callable[[str], None]
+    out: Path, pool: Pool, say: Callable[[str], None]
 ) -> tuple[dict[str, Any], str]:
     from minibatch.sim import paper_sd
 
-    return paper_sd.run_sd(out, progress, say)
+    return paper_sd.run_sd(out, None, say)
 
 
 def _ibb(
-    out: Path, progress: Progress | None, say: Callable[[str], None]
+    out: Path, pool: Pool, say: Callable[[str], None]
 ) -> tuple[dict[str, Any], str]:
     from minibatch.sim import paper_ibb
 
-    return paper_ibb.run_ibb(out, progress, say)
+    return paper_ibb.run_ibb(out, pool, say)
 
 
 #: The PSP scenarios' machine and offered load (docs/results.md says why).
@@ -254,12 +252,14 @@ EXPERIMENTS: dict[str, Experiment] = {
             title="EASY vs BB vs IBB over CPUs and memory, at several loads (seed 003)",
             description=(
                 "Liu et al. (seed 003, Fig. 1-2): EASY backfilling against its "
-                "K-resource variants Backfill Balanced (one candidate per traversal, "
-                "lowest Eq. 1) and Improved Backfill Balanced (every candidate "
-                "passing Eq. 2, in one traversal), on MetaCentrum wagap-2013 on "
-                "its 68 nodes with memory, at relative loads 0.8-1.5 (submission "
-                "times divided by the load), with the nodes' memory as recorded "
-                "and cut to a quarter (minibatch/sim/paper_ibb.py)."
+                "K-resource variants Backfill Balanced (one backfill per pass, "
+                "lowest Eq. 1; and with rescan=true, again after each start) and "
+                "Improved Backfill Balanced (every candidate passing Eq. 2, in one "
+                "traversal), on MetaCentrum wagap-2013 on its 68 nodes with "
+                "memory, at relative loads 0.8-1.5 (submission times divided by "
+                "the load), with the nodes' memory as recorded and cut to a "
+                "quarter, and on a synthetic CPU + memory mix with 1 GB per node "
+                "where memory binds as often as CPUs (minibatch/sim/paper_ibb.py)."
             ),
             workloads=(),
             policies=(),
@@ -286,11 +286,14 @@ EXPERIMENTS: dict[str, Experiment] = {
 
 def _config(spec: WorkloadSpec, label: str, exp: Experiment) -> SimConfig:
     policy, params = exp.variants.get(label, (label, exp.params.get(label, {})))
+    # Full paths: workers elsewhere (a Dask cluster) find the files by them.
     machine = spec.machine
     if machine.machines_file is not None:
-        machine = replace(machine, machines_file=str(find_trace(machine.machines_file)))
+        machine = replace(
+            machine, machines_file=str(find_trace(machine.machines_file).resolve())
+        )
     return SimConfig(
-        trace=str(find_trace(spec.trace)),
+        trace=str(find_trace(spec.trace).resolve()),
         policy=policy_ref(policy),
         params=params,
         machine=machine,
@@ -307,6 +310,11 @@ def window(work: Workload, size: int, seed: int) -> Workload:
     return replace(work, jobs=work.jobs[first : first + size])
 
 
+def windowed(config: SimConfig, size: int, seed: int) -> Workload:
+    """:func:`window` of ``config``'s workload, where the run happens."""
+    return window(shared(config), size, seed)
+
+
 Reporter = Callable[[str], None]
 
 
@@ -315,10 +323,11 @@ def run_experiment(
     out: Path,
     *,
     plots: bool = True,
-    progress: Progress | None = None,
+    pool: Pool | None = None,
     say: Reporter = print,
 ) -> dict[str, Any]:
-    """Run experiment ``name`` into ``out``; its results (also in ``summary.json``)."""
+    """Run experiment ``name`` into ``out`` on ``pool`` (default: here, one run
+    after the other); its results (also in ``summary.json``)."""
     exp = EXPERIMENTS.get(name)
     if exp is None:
         raise InvalidArgument(
@@ -327,17 +336,22 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"experiment": exp.name, "workloads": {}}
     sections = [f"# {exp.title}\n", exp.description + "\n", _command(exp, out)]
+    pool = pool or Pool(workers=1)
     if exp.runner is not None:
-        result, text = exp.runner(out, progress, say)
+        result, text = exp.runner(out, pool, say)
         results["result"] = result
         sections.append(text)
-    for spec in exp.workloads:
+    # One batch for every workload, so that no core waits for a workload's
+    # last run; each workload's runs are written as soon as they are all done.
+    batches = [_tasks(exp, spec) for spec in exp.workloads]
+    done = pool.each([task for batch in batches for task in batch])
+    for spec, batch in zip(exp.workloads, batches, strict=True):
         say(f"{exp.name}: {spec.name}")
-        work = load(_config(spec, exp.policies[0], exp))
+        runs = itertools.islice(done, len(batch))
         if exp.seeds and exp.window:
-            result, text = _windows(exp, spec, work, out / spec.name, progress)
+            result, text = _windows(exp, spec, runs, out / spec.name)
         else:
-            result, text = _whole(exp, spec, work, out / spec.name, plots, progress)
+            result, text = _whole(exp, spec, list(runs), out / spec.name, plots)
         results["workloads"][spec.name] = result
         sections.append(text)
     write_summary(out / "summary.json", results)
@@ -349,17 +363,30 @@ def _command(exp: Experiment, out: Path) -> str:
     return f"Made with `mb experiment {exp.name} --out {out}`.\n"
 
 
+def _tasks(exp: Experiment, spec: WorkloadSpec) -> list[SimTask]:
+    """The runs of ``spec``: window by window (policy after policy), or a run
+    per policy on the whole workload."""
+    if exp.seeds and exp.window:
+        return [
+            SimTask(
+                _config(spec, policy, exp),
+                partial(windowed, size=exp.window, seed=seed),
+            )
+            for seed in exp.seeds
+            for policy in exp.policies
+        ]
+    return [SimTask(_config(spec, label, exp)) for label in exp.policies]
+
+
 def _whole(
     exp: Experiment,
     spec: WorkloadSpec,
-    work: Workload,
+    done: list[SimRun],
     out: Path,
     plots: bool,
-    progress: Progress | None,
 ) -> tuple[dict[str, Any], str]:
     runs: list[SimRun] = []
-    for label in exp.policies:
-        run = simulate(_config(spec, label, exp), work, progress)
+    for label, run in zip(exp.policies, done, strict=True):
         write_run(run, out / label)
         # Plots and tables name runs by label (two labels may share a policy).
         runs.append(replace(run, config=replace(run.config, policy=label)))
@@ -398,19 +425,13 @@ WINDOW_KEYS: tuple[str, ...] = (
 
 
 def _windows(
-    exp: Experiment,
-    spec: WorkloadSpec,
-    work: Workload,
-    out: Path,
-    progress: Progress | None,
+    exp: Experiment, spec: WorkloadSpec, done: Iterable[SimRun], out: Path
 ) -> tuple[dict[str, Any], str]:
     per_policy: dict[str, list[dict[str, Any]]] = {p: [] for p in exp.policies}
-    for seed in exp.seeds:
-        part = window(work, exp.window or len(work.jobs), seed)
-        for policy in exp.policies:
-            run = simulate(_config(spec, policy, exp), part, progress)
-            write_run(run, out / f"seed{seed}" / policy)
-            per_policy[policy].append(run.summary)
+    runs = zip(itertools.product(exp.seeds, exp.policies), done, strict=True)
+    for (seed, policy), run in runs:
+        write_run(run, out / f"seed{seed}" / policy)
+        per_policy[policy].append(run.summary)
     rows = []
     for key in WINDOW_KEYS:
         cells = [key]

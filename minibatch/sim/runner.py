@@ -240,7 +240,6 @@ def score(
     }
     summary.update(summarize(records, machine.procs))
     summary.update(eet_summary(records, eet))
-    summary.update(prediction_summary(records))
     summary.update(
         {
             "wall_s": wall,
@@ -248,6 +247,7 @@ def score(
             "read_s": work.read_s,
             "instants": stats.instants,
             "passes": stats.passes,
+            "quiet_passes": stats.quiet,
         }
     )
     return SimRun(config, machine, records, eet, summary, stats)
@@ -268,21 +268,6 @@ def eet_summary(records: list[JobRecord], eet: dict[int, float]) -> dict[str, An
         "median_wt_u_cpu_s": wt.median,
         "p90_wt_u_cpu_s": wt.p90,
         "total_wt_cpu_s": math.fsum(u.wt_cpu_s for u in users),
-    }
-
-
-def prediction_summary(records: list[JobRecord]) -> dict[str, Any]:
-    """How far the predicted start (at submission) was from the real one."""
-    errors = [
-        abs(r.start - r.predicted_start)
-        for r in records
-        if r.predicted_start is not None
-    ]
-    stats = describe(errors)
-    return {
-        "predicted_jobs": len(errors),
-        "mean_abs_prediction_error_s": stats.mean,
-        "median_abs_prediction_error_s": stats.median,
     }
 
 

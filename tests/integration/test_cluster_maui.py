@@ -191,7 +191,8 @@ def test_showq_showstart_showbf(cluster: ClusterFactory) -> None:
 
     bf = c.run("showbf").stdout
     assert re.search(r"1 proc +available with no timelimit", bf), bf
-    assert re.search(r"1 more in +00:00:[0-5]\d", bf), bf
+    # 00:01:00 when showbf runs within half a second of the runner's start.
+    assert re.search(r"1 more in +00:(00:[0-5]\d|01:00)", bf), bf
     prio = c.run("diagnose", "-p").stdout
     assert "Serv(QTime)" in prio and re.search(rf"^{wide}\s", prio, re.M)
     assert "FS Policy: DEDICATEDPS" in c.run("diagnose", "-f").stdout

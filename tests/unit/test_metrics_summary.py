@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 
 from minibatch.core.job import Allocation, Job, JobRequest, JobResult, JobState
@@ -68,6 +69,17 @@ def test_summary_of_a_small_run():
     assert s["utilization"] == pytest.approx(60 / 120)
     assert s["throughput_jobs_per_h"] == pytest.approx(3 / 30 * 3600)
     assert math.isnan(summarize(records, capacity=None)["utilization"])
+    assert s["predicted_jobs"] == 0 and math.isnan(s["mean_abs_prediction_error_s"])
+
+
+def test_prediction_error_covers_the_jobs_with_a_predicted_start():
+    started_at_once = msgspec.structs.replace(rec(1, 0, 0, 10), predicted_start=0.0)
+    reserved = msgspec.structs.replace(rec(2, 0, 10, 20), predicted_start=16.0)
+    unknown = rec(3, 5, 10, 30)
+    s = summarize([started_at_once, reserved, unknown], capacity=4)
+    assert s["predicted_jobs"] == 2
+    assert s["mean_abs_prediction_error_s"] == 3.0  # |0 - 0| and |10 - 16|
+    assert s["median_abs_prediction_error_s"] == 3.0
 
 
 def test_utilization_series_integrates_exactly():
@@ -144,6 +156,7 @@ def test_records_from_live_jobs_skip_jobs_that_never_ran():
             start_time=start,
             end_time=end,
             alloc=alloc,
+            first_predicted_start=None if start is None else 100.0,
         )
 
     jobs = [
@@ -159,3 +172,4 @@ def test_records_from_live_jobs_skip_jobs_that_never_ran():
         ("n0", "n1"),
     )
     assert (r.wait, r.run_time, r.response) == (5.0, 25.0, 30.0)
+    assert r.predicted_start == 100.0  # the first plan's, kept after the end

@@ -116,14 +116,17 @@ def test_predicted_start_is_the_easy_shadow_at_submission():
     jobs = [
         tj(1, 0, 100, 3, machine=machine),
         tj(2, 10, 50, 4, machine=machine),  # head at submission: shadow 100
-        tj(3, 20, 30, 1, machine=machine),  # backfilled at once: no prediction
+        tj(3, 20, 30, 1, machine=machine),  # backfilled at once: predicted 20
         tj(4, 30, 500, 1, machine=machine),  # would delay the head: waits, no pred.
     ]
     out = {o.job.id: o for o in Simulator(Easy(), machine, jobs).run()}
+    assert out[1].predicted == 0 and out[1].start == 0
     assert out[2].predicted == 100 and out[2].start == 100
-    assert out[3].predicted is None and out[3].start == 20
+    assert out[3].predicted == 20 and out[3].start == 20
     assert out[4].predicted is None and out[4].start == 150
-    assert all(o.predicted is None for o in Simulator(Fifo(), machine, jobs).run())
+    # FIFO predicts nothing: only the job started at its submission has one.
+    fifo = {o.job.id: o.predicted for o in Simulator(Fifo(), machine, jobs).run()}
+    assert fifo == {1: 0, 2: None, 3: None, 4: None}
 
 
 def test_jobs_are_placed_on_named_nodes_with_memory():

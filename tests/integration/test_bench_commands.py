@@ -1,0 +1,58 @@
+"""`mb bench commands` times every command issue 12 names and leaves nothing behind.
+
+Small counts keep it short; the numbers are not judged here (speed is measured
+by the benchmark itself, never asserted in tests), only that each was taken.
+"""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from minibatch.bench import commands
+
+# Serial: it measures times, and looks for processes left over.
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
+
+
+def test_every_command_is_measured_and_nothing_is_left() -> None:
+    before = {p.pid for p in psutil.process_iter()}
+    result = commands.run(jobs=12, runs=2)
+    measured = result["commands"]
+    assert set(measured) == {
+        "qstat",
+        "qstat -a",
+        "qstat -f ID",
+        "qstat -u USER",
+        "qstat ID",
+        "qsub",
+        "qdel",
+        "showq",
+        "pbsnodes -a",
+        "checkjob ID",
+        "mb status",
+        "mb acct",
+        commands.YARDSTICK,
+    }
+    for label, m in measured.items():
+        assert 0 < m["min_ms"] <= m["median_ms"] <= m["max_ms"], label
+        assert m["ratio"] > 0, label
+    assert measured[commands.YARDSTICK]["ratio"] == 1.0
+    assert result["runs"] == 2 and result["python_startup_ms"] > 0
+    table = commands.render(result)
+    assert all(label in table for label in measured)
+    # The cluster it started is gone: no process with a bench home as its
+    # MB_HOME (clusters other tests run meanwhile have homes of their own).
+    left = [
+        p
+        for p in psutil.process_iter(["pid"])
+        if p.info["pid"] not in before and "mb-bench-" in bench_home(p)
+    ]
+    assert not left, left
+
+
+def bench_home(proc: psutil.Process) -> str:
+    try:
+        return str(proc.environ().get("MB_HOME", ""))
+    except psutil.Error:
+        return ""  # gone meanwhile, or not ours to read
