@@ -126,4 +126,3 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
