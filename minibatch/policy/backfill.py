@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar, Protocol
 
 from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan
+from minibatch.policy import cpuonly
 from minibatch.policy.base import Order, as_choice, as_int, as_order, waiting_reason
 from minibatch.policy.planning import Pass
 from minibatch.policy.profile import Profile
@@ -143,11 +144,15 @@ class Backfill:
     def plan(self, snap: ClusterSnapshot) -> Plan:
         # One long method on purpose: it runs on every scheduling pass, and
         # locals are what keeps a pass cheap (the simulator makes ~100,000).
-        p = Pass(snap)
         queue: Sequence[PendingView] = (
             snap.pending if self.order is None else self.order(snap)
         )
         in_submission_order = self.order is None
+        if self.depth == 1 and self.selection is None:
+            fast = cpuonly.plan(snap, queue, in_submission_order)
+            if fast is not None:
+                return fast
+        p = Pass(snap)
         limit = INF if self.depth is None else self.depth
         general, now = p.book.general, snap.now
         reasons = p.reasons

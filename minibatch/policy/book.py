@@ -193,8 +193,6 @@ class Book:
                 out.append((t, c, m, g))
             view.set_segments(i, out)
             if resv.end < INF:
-                view.dips[i] = [resv.end]
-                view.first_dip = min(view.first_dip, resv.end)
                 view.labels[resv.end] = label
         return view
 

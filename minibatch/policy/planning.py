@@ -254,23 +254,28 @@ class Pass:
             reasons=self.reasons,
             predicted=self.predicted,
             default_reason=default,
-            upcoming=self._upcoming(order),
+            upcoming=upcoming(self.snap, order, self.starts),
             upcoming_by_submission=by_submission,
             backfilled=self.backfilled,
         )
 
-    def _upcoming(self, order: Iterable[PendingView]) -> list[int]:
-        # Jobs of advance reservations are left out: the server's fast start
-        # places jobs on the general nodes only.
-        limit = self.snap.upcoming
-        if limit <= 0:
-            return []
-        started = {s.job for s in self.starts}
-        out: list[int] = []
-        for job in order:
-            if job.id in started or job.advres:
-                continue
-            out.append(job.id)
-            if len(out) == limit:
-                break
-        return out
+
+def upcoming(
+    snap: ClusterSnapshot, order: Iterable[PendingView], starts: list[Start]
+) -> list[int]:
+    """The first ``snap.upcoming`` jobs of ``order`` that ``starts`` leaves
+    waiting (see :attr:`Plan.upcoming`)."""
+    # Jobs of advance reservations are left out: the server's fast start
+    # places jobs on the general nodes only.
+    limit = snap.upcoming
+    if limit <= 0:
+        return []
+    started = {s.job for s in starts}
+    out: list[int] = []
+    for job in order:
+        if job.id in started or job.advres:
+            continue
+        out.append(job.id)
+        if len(out) == limit:
+            break
+    return out

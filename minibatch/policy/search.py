@@ -10,44 +10,65 @@ time)". Per node the answer is :meth:`Profile.next_start
 * **later searches** (conservative backfilling reserves every pending job) use
   branch and bound on cached lower bounds. Per node and per (CPUs per node,
   memory per node rounded down to a power of 16, walltime rounded down to a
-  power of two) the cache keeps the exact earliest start of that *relaxed* job
-  (no GPUs), a lower bound of the real job's. Coarse memory keeps the number of
+  power of two) the cache keeps the earliest start of that *relaxed* job (no
+  GPUs), a lower bound of the real job's. Coarse memory keeps the number of
   bounds small when memory hardly matters, and the bounds tight when it does.
   A pass only ever takes resources, so an earliest start can only move later
-  and a bound, once true, stays true for the rest of the pass: nodes come off
-  a heap by bound, a node changed since its bound was made is searched again
-  from the bound only when it comes up, and the search stops when no node left
-  can start before the answer so far.
+  and a bound, once true, stays true for the rest of the pass: the nodes are
+  kept sorted by bound, a node changed since its bound was made is searched
+  again from the bound only when it comes up (and only as far as the best
+  start found so far: past it, the node cannot win), and the search stops when
+  no node left can start before the answer so far.
 
 Several nodes: the answer is the ``nodes``-th smallest of the nodes' own
 earliest starts, if that many nodes can start at that very time; else the
 search moves there and asks again (a node free at one time may be busy later).
 
 The result is the same as asking every node (tests check it against a
-second-by-second model); only the work differs.
+second-by-second model and a plain reference profile); only the work differs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from minibatch.policy.profile import Profile
+    from minibatch.policy.timeline import Need, Timeline
 
 INF = float("inf")
 
 #: What a job needs on each node: (nodes, ppn, memory per node or 0, gpus per node).
 Shape = tuple[int, int, int, int]
-#: Bounds per (CPUs, memory, walltime) key: (log position, per-node bounds, a
-#: heap of (bound, node), nodes whose bound may be stale).
-_Entry = tuple[int, list[float], list[tuple[float, int]], set[int]]
 
 
 def _floor16(n: int) -> int:
     """``n`` rounded down to a power of 16 (0 stays 0)."""
     return 1 << ((n.bit_length() - 1) // 4 * 4) if n > 0 else 0
+
+
+class _Bounds:
+    """The bounds of one relaxed job: per node, and as (bound, node) pairs in
+    order (nodes that can never hold it left out); the nodes changed since
+    their bound was made, and how much of the profile's log that covers."""
+
+    __slots__ = ("seen", "values", "order", "stale")
+
+    def __init__(self, seen: int, values: list[float]) -> None:
+        self.seen = seen
+        self.values = values
+        self.order = sorted((b, i) for i, b in enumerate(values) if b < INF)
+        self.stale: set[int] = set()
+
+    def settle(self) -> None:
+        """Sort ``order`` again after bounds were raised in place (searches
+        raise them as they go, and sort once at the end)."""
+        order = self.order
+        order.sort()
+        while order and order[-1][0] == INF:
+            order.pop()
 
 
 class Search:
@@ -57,7 +78,7 @@ class Search:
 
     def __init__(self, prof: Profile) -> None:
         self.prof = prof
-        self._cache: dict[tuple[int, int, int], _Entry] = {}
+        self._cache: dict[tuple[int, int, int], _Bounds] = {}
 
     def forget(self) -> None:
         """Drop every bound (resources came back: they may be too late)."""
@@ -68,126 +89,183 @@ class Search:
     ) -> tuple[float, list[int]] | None:
         """The earliest time ``>= after`` at which ``shape`` fits for ``w``, with
         the nodes (first fit at that time); None if it never does."""
-        count = shape[0]
-        relaxed = (1, shape[1], _floor16(shape[2]), 0)
-        bounds, heap, stale, span = self._bounds(relaxed, w, after)
-        x = after
-        exact: dict[int, float] = {}  # node -> its earliest start >= x (INF: never)
-        floor: dict[int, float] = {}  # node -> a start it cannot beat (a cut search)
-        popped: list[int] = []
-        try:
-            while True:
-                top = self._smallest(
-                    shape, w, x, count, bounds, heap, stale, span, exact, floor, popped
-                )
-                # Put every visited node back with its (maybe raised) bound.
-                for i in popped:
-                    if bounds[i] < INF:
-                        heappush(heap, (bounds[i], i))
-                popped.clear()
-                if len(top) < count:
-                    return None
-                t = -top[0][0]
-                if t == x or count == 1:
-                    return t, sorted(i for i, e in exact.items() if e == t)[:count]
-                x = t
-        finally:
-            for i in popped:
-                if bounds[i] < INF:
-                    heappush(heap, (bounds[i], i))
+        relaxed = (shape[1], _floor16(shape[2]), 0)
+        bounds, span = self._bounds(relaxed, w, after)
+        if shape[0] == 1:
+            return self._one(shape, w, after, relaxed, span, bounds)
+        return self._many(shape, w, after, relaxed, span, bounds)
 
-    def _smallest(
+    def _one(
         self,
         shape: Shape,
         w: float,
-        x: float,
-        count: int,
-        bounds: list[float],
-        heap: list[tuple[float, int]],
-        stale: set[int],
+        after: float,
+        relaxed: Need,
         span: float,
-        exact: dict[int, float],
-        floor: dict[int, float],
-        popped: list[int],
-    ) -> list[tuple[float, int]]:
-        """The ``count`` smallest earliest starts ``>= x`` over the nodes, as a
-        max-heap of (-start, node): nodes come off ``heap`` by bound, a stale
-        bound is refreshed when it comes up, and the search stops when no node
-        left can beat what is found (branch and bound)."""
-        relaxed = (1, shape[1], _floor16(shape[2]), 0)
-        top: list[tuple[float, int]] = []
-        while heap:
-            lb, i = heappop(heap)
-            if lb != bounds[i]:
-                continue  # an old entry (the node is in the heap again)
-            if len(top) == count and max(lb, x) > -top[0][0]:
-                heappush(heap, (lb, i))
-                break  # no node from here on can start sooner
-            popped.append(i)
+        bounds: _Bounds,
+    ) -> tuple[float, list[int]] | None:
+        """:meth:`earliest` for one node: the smallest start, ties to the first
+        node. Nodes come up by (bound, node) until none can beat the best so
+        far; a stale bound is brought up to date first (searching no further
+        than the best: beyond it the node cannot win, and its bound becomes the
+        next value after the best, still stale)."""
+        nodes = self.prof.nodes
+        _, ppn, mem, gpus = shape
+        need = (ppn, mem, gpus)
+        order, values, stale = bounds.order, bounds.values, bounds.stale
+        best, where = INF, len(values)
+        raised = False
+        for p, (b, i) in enumerate(order):
+            if b > best or (b == best and i > where):
+                break
+            node = nodes[i]
             if i in stale:
+                nb = node.hole(span, b)
+                if nb > best:
+                    # The node cannot win: its bound moves to its next hole
+                    # long enough, still stale (cheaper than searching it).
+                    order[p] = (nb, i)
+                    values[i] = nb
+                    raised = True
+                    continue
                 stale.discard(i)
-                lb = bounds[i] = self._relaxed(i, relaxed, span, lb)
-                popped.pop()
-                if lb < INF:
-                    heappush(heap, (lb, i))
-                continue
-            e = exact.get(i)
-            if e is None or e < x:
-                limit = -top[0][0] if len(top) == count else INF
-                start = max(x, lb, floor.get(i, lb))
-                if start > limit:
-                    continue
-                found = self.prof.next_start(i, shape, w, start, limit)
-                if found is None and limit < INF:
-                    floor[i] = limit  # not by ``limit``; maybe later
-                    exact.pop(i, None)
-                    continue
-                e = exact[i] = INF if found is None else found
-            if e == INF or (len(top) == count and e > -top[0][0]):
-                continue
-            heappush(top, (-e, i))
-            if len(top) > count:
-                heappop(top)
-        return top
+                found = node.start(relaxed, span, nb)
+                nb = INF if found is None else found
+                if nb != b:
+                    order[p] = (nb, i)
+                    values[i] = nb
+                    raised = True
+                    if nb > best:
+                        continue
+                    b = nb
+            e = node.start(need, w, b if b > after else after, best)
+            if e is not None and (e < best or i < where):
+                best, where = e, i
+        if raised:
+            bounds.settle()
+        return None if best == INF else (best, [where])
 
-    def _bounds(
-        self, relaxed: Shape, w: float, after: float
-    ) -> tuple[list[float], list[tuple[float, int]], set[int], float]:
-        """Per node, a lower bound of the earliest start of any one-node share
-        at least ``relaxed`` for at least ``w``; a heap of (bound, node) over
-        the nodes that may ever fit; the nodes whose bound may be stale; and the
-        relaxed walltime the bounds are for.
+    def _many(
+        self,
+        shape: Shape,
+        w: float,
+        after: float,
+        relaxed: Need,
+        span: float,
+        bounds: _Bounds,
+    ) -> tuple[float, list[int]] | None:
+        """:meth:`earliest` for several nodes: a sweep over time. Each node
+        looked at gets its first stretch of possible starts from the sweep's
+        time on, ``[first, last]``; the sweep moves to the next stretch's
+        first start and stops at the first time that ``nodes`` stretches hold
+        (every node that may start then has been looked at: first fit). Nodes
+        come in by bound, and a node is searched again only when the sweep
+        passes its stretch."""
+        count, ppn, mem, gpus = shape
+        need = (ppn, mem, gpus)
+        nodes = self.prof.nodes
+        order, values, stale = bounds.order, bounds.values, bounds.stale
+        # (first start, node, its position in ``order`` or -1 once searched),
+        # the stretches found: node -> last start, and those that hold ``t``.
+        queue: list[tuple[float, int, int]] = []
+        last: dict[int, float] = {}
+        holding: dict[int, float] = {}
+        raised = False
+        p, t = 0, after
+        while True:
+            while True:
+                if p < len(order) and order[p][0] <= t:
+                    heappush(queue, (order[p][0], order[p][1], p))
+                    p += 1
+                    continue
+                if not queue or queue[0][0] > t:
+                    break
+                lb, i, at = heappop(queue)
+                node = nodes[i]
+                if at >= 0 and i in stale:
+                    nb = node.hole(span, lb)
+                    if nb <= t:
+                        stale.discard(i)
+                        found = node.start(relaxed, span, nb)
+                        nb = INF if found is None else found
+                    if nb != lb:
+                        order[at] = (nb, i)
+                        values[i] = nb
+                        raised = True
+                        if nb > t:
+                            if nb < INF:
+                                heappush(queue, (nb, i, at))
+                            continue
+                if at < 0 and last[i] >= t:
+                    holding[i] = last[i]
+                    continue
+                self._stretch(node, i, need, w, t, queue, last, holding)
+            for i in [i for i, end in holding.items() if end < t]:
+                del holding[i]
+                self._stretch(nodes[i], i, need, w, t, queue, last, holding)
+            if len(holding) >= count:
+                break
+            nxt = min(
+                queue[0][0] if queue else INF, order[p][0] if p < len(order) else INF
+            )
+            if nxt == INF:
+                t = INF
+                break
+            t = nxt
+        if raised:
+            bounds.settle()
+        return None if t == INF else (t, sorted(holding)[:count])
 
-        A bound is the exact earliest start of the ``relaxed`` job (the CPUs per
-        node, the memory per node rounded down to a power of 16, no GPUs), for
-        ``w`` rounded down to a power of two, kept per (CPUs, memory, walltime)
-        for the whole pass: a pass only ever takes resources, so an earliest
-        start can only move later and a bound, once true, stays true. A node
-        changed since its bound was made is searched again from the bound, only
-        when the bound is needed (the caller does it).
+    @staticmethod
+    def _stretch(
+        node: Timeline,
+        i: int,
+        need: Need,
+        w: float,
+        t: float,
+        queue: list[tuple[float, int, int]],
+        last: dict[int, float],
+        holding: dict[int, float],
+    ) -> None:
+        """Find node ``i``'s first stretch of starts from ``t`` on: it holds
+        ``t``, or it waits in ``queue`` (or the node never fits again)."""
+        first = node.start(need, w, t)
+        if first is None:
+            return
+        last[i] = node.latest(need, w, first)
+        if first == t:
+            holding[i] = last[i]
+        else:
+            heappush(queue, (first, i, -1))
+
+    def _bounds(self, relaxed: Need, w: float, after: float) -> tuple[_Bounds, float]:
+        """The bounds for ``relaxed`` (one node's CPUs, memory rounded down to a
+        power of 16, no GPUs) for ``w`` rounded down to a power of two, and
+        that walltime. They are kept per (CPUs, memory, walltime) for the whole
+        pass when searched from now: a pass only ever takes resources, so an
+        earliest start can only move later and a bound, once true, stays true.
+        A node changed since its bound was made is marked stale; the caller
+        searches it again from the bound, only when the bound is needed.
         """
         wb = int(w).bit_length() - 1 if w >= 1 else -1
         span = float(1 << wb) if wb >= 0 else 0.0
-        key = (relaxed[1], relaxed[2], wb)
-        entry = self._cache.get(key) if after == self.prof.now else None
-        if entry is None:
-            count = len(self.prof.names)
-            values = [self._relaxed(i, relaxed, span, after) for i in range(count)]
-            heap = [(b, i) for i, b in enumerate(values) if b < INF]
-            heapify(heap)
-            entry = (len(self.prof.log), values, heap, set())
-            if after == self.prof.now:
-                self._cache[key] = entry
-        seen, values, heap, stale = entry
-        if seen < len(self.prof.log):
-            stale.update(self.prof.log[seen:])
-            self._cache[key] = (len(self.prof.log), values, heap, stale)
-        # The caller refreshes entries in place: they stay true bounds.
-        return values, heap, stale, span
-
-    def _relaxed(self, i: int, relaxed: Shape, w: float, x: float) -> float:
-        found = self.prof.next_start(i, relaxed, w, x)
-        return INF if found is None else found
+        prof = self.prof
+        key = (relaxed[0], relaxed[1], wb)
+        cached = after == prof.now
+        bounds = self._cache.get(key) if cached else None
+        if bounds is None:
+            values = []
+            for node in prof.nodes:
+                found = node.start(relaxed, span, after)
+                values.append(INF if found is None else found)
+            bounds = _Bounds(len(prof.log), values)
+            if cached:
+                self._cache[key] = bounds
+        log = prof.log
+        if bounds.seen < len(log):
+            bounds.stale.update(log[bounds.seen :])
+            bounds.seen = len(log)
+        return bounds, span
 
 
 def direct(

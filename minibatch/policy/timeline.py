@@ -1,0 +1,294 @@
+"""One node's free CPUs, memory and GPUs from now on, and the earliest start on it.
+
+A :class:`Timeline` keeps the node's change points (``times``, one per instant,
+except that index 1 may also be *now*: the releases of overrunning jobs, which
+count for reservations but not for a start now) and the free CPUs, memory and
+GPUs from each (``mem`` None: no memory figures, unlimited; ``gpu`` None: no
+GPUs). Values are kept ready and changed in place by a placement: a
+conservative pass places thousands of jobs and asks about the nodes between
+placements, so summing changes at each question would cost more. A window's
+minimum is one slice of each list.
+
+A conservative plan leaves nodes full most of the time: most change points have
+no free CPU. The timeline keeps its *holes*, the stretches with a free CPU
+(``starts``/``ends``), kept up to date by placements; every job needs a CPU, so
+a window lies inside one hole and the walk of :meth:`Timeline.start` looks only
+at holes long enough for it, not at every change point. Holes are brought up to
+date when a question needs them (the stretch of time changed since is kept):
+EASY asks once a pass and then only places, so it never pays for them after.
+
+Free resources only drop where a take begins (a *dip*); ``dip`` is the node's
+first, so a window that ends by then is a test of its start alone.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+
+INF = float("inf")
+
+#: What a job needs on one node: (CPUs, memory or 0, GPUs).
+Need = tuple[int, int, int]
+#: One segment of a node: (start, cpus, memory or None, gpus or None).
+Segment = tuple[float, int, int | None, int | None]
+
+
+class Timeline:
+    """One node's free resources over time (see the module docstring)."""
+
+    __slots__ = ("times", "cpu", "mem", "gpu", "starts", "ends", "dip", "_lo", "_hi")
+
+    def __init__(
+        self,
+        times: list[float],
+        cpu: list[int],
+        mem: list[int] | None,
+        gpu: list[int] | None,
+        dip: float = INF,
+    ) -> None:
+        self.times = times
+        self.cpu = cpu
+        self.mem = mem
+        self.gpu = gpu
+        self.dip = dip
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        # The stretch of time whose holes are out of date: all of it, at first.
+        self._lo, self._hi = times[0], INF
+
+    @classmethod
+    def of(cls, segments: list[Segment]) -> Timeline:
+        """A timeline from (start, cpus, memory, gpus) segments (segment 0
+        first); its first dip is where any resource first drops."""
+        _, _, m, g = segments[0]
+        cpu = [s[1] for s in segments]
+        mem = None if m is None else [s[2] or 0 for s in segments]
+        gpu = None if g is None else [s[3] or 0 for s in segments]
+        dip = INF
+        for k in range(1, len(segments)):
+            if (
+                cpu[k] < cpu[k - 1]
+                or (mem is not None and mem[k] < mem[k - 1])
+                or (gpu is not None and gpu[k] < gpu[k - 1])
+            ):
+                dip = segments[k][0]
+                break
+        return cls([s[0] for s in segments], cpu, mem, gpu, dip)
+
+    def segments(self) -> list[Segment]:
+        """(start, cpus, memory, gpus) per change point (segment 0 first)."""
+        n = len(self.times)
+        mem: list[int] | list[None] = self.mem or [None] * n
+        gpu: list[int] | list[None] = self.gpu or [None] * n
+        return list(zip(self.times, self.cpu, mem, gpu, strict=True))
+
+    # ------------------------------------------------------------------ holes
+
+    def _holes(self, lo: int, hi: int) -> tuple[list[float], list[float]]:
+        """The holes among change points ``lo`` to ``hi - 1`` (the point at
+        ``hi``, if any, has no free CPU), as lists of starts and ends."""
+        times, cpu = self.times, self.cpu
+        n = len(times)
+        starts: list[float] = []
+        ends: list[float] = []
+        k = lo
+        while k < hi:
+            if cpu[k] > 0:
+                starts.append(times[k])
+                k += 1
+                while k < hi and cpu[k] > 0:
+                    k += 1
+                ends.append(times[k] if k < n else INF)
+            else:
+                k += 1
+        return starts, ends
+
+    def _settle(self) -> None:
+        """Make the holes again where free CPUs changed since they were made."""
+        times = self.times
+        lo = bisect_left(times, self._lo)
+        hi = len(times) if self._hi == INF else bisect_left(times, self._hi)
+        self._lo = INF
+        self._hi = -INF
+        cpu = self.cpu
+        n = len(cpu)
+        while lo > 0 and cpu[lo - 1] > 0:
+            lo -= 1
+        while hi < n and cpu[hi] > 0:
+            hi += 1
+        p = bisect_left(self.starts, times[lo])
+        q = len(self.starts) if hi == n else bisect_left(self.starts, times[hi], p)
+        self.starts[p:q], self.ends[p:q] = self._holes(lo, hi)
+
+    # ------------------------------------------------------------------ changes
+
+    def point(self, t: float) -> int:
+        """The index of the change point at ``t`` (after segment 0), made with
+        the values just before ``t`` if there is none (holes stay as they are)."""
+        times = self.times
+        k = bisect_left(times, t, 1)
+        if k < len(times) and times[k] == t:
+            return k
+        times.insert(k, t)
+        cpu = self.cpu
+        cpu.insert(k, cpu[k - 1])
+        mem, gpu = self.mem, self.gpu
+        if mem is not None:
+            mem.insert(k, mem[k - 1])
+        if gpu is not None:
+            gpu.insert(k, gpu[k - 1])
+        return k
+
+    def add(self, lo: int, hi: int, cpus: int, mem: int, gpus: int) -> None:
+        """Add (negative: take) resources at change points ``lo`` to ``hi - 1``."""
+        if cpus:
+            cpu = self.cpu
+            cpu[lo:hi] = [v + cpus for v in cpu[lo:hi]]
+            times = self.times
+            if times[lo] < self._lo:
+                self._lo = times[lo]
+            t = times[hi] if hi < len(times) else INF
+            if t > self._hi:
+                self._hi = t
+        free = self.mem
+        if mem and free is not None:
+            free[lo:hi] = [v + mem for v in free[lo:hi]]
+        free = self.gpu
+        if gpus and free is not None:
+            free[lo:hi] = [v + gpus for v in free[lo:hi]]
+
+    # ------------------------------------------------------------------ questions
+
+    def short(self, end: float, need: Need) -> float:
+        """The first change point after segment 0 and before ``end`` without
+        room for ``need`` (always a dip), or -1."""
+        if end <= self.dip:
+            return -1.0
+        ppn, mem, gpus = need
+        times, cpu = self.times, self.cpu
+        ke = bisect_left(times, end, 1)
+        free = self.mem if mem else None
+        gpu = self.gpu if gpus else None
+        if (
+            ke <= 1
+            or min(cpu[1:ke]) >= ppn
+            and (free is None or min(free[1:ke]) >= mem)
+            and (gpu is None or min(gpu[1:ke]) >= gpus)
+        ):
+            return -1.0
+        for k in range(1, ke):
+            if (
+                cpu[k] < ppn
+                or (free is not None and free[k] < mem)
+                or (gpu is not None and gpu[k] < gpus)
+            ):
+                return times[k]
+        return -1.0  # unreachable: the minimum above is short somewhere
+
+    def latest(self, need: Need, w: float, t: float) -> float:
+        """The last start of the stretch of starts from ``t`` (where ``need``
+        holds for ``w``) that all hold: the first change point from ``t + w``
+        on without room, less ``w`` (INF if none)."""
+        ppn, mem, gpus = need
+        times, cpu = self.times, self.cpu
+        free = self.mem if mem else None
+        gpu = self.gpu if gpus else None
+        n = len(times)
+        k = bisect_left(times, t + w)
+        while k < n and (
+            cpu[k] >= ppn
+            and (free is None or free[k] >= mem)
+            and (gpu is None or gpu[k] >= gpus)
+        ):
+            k += 1
+        return INF if k == n else times[k] - w
+
+    def hole(self, w: float, x: float) -> float:
+        """The earliest ``t >= x`` at which a hole has room for ``w`` (INF if
+        none): no job that needs a CPU can start on the node before."""
+        if self._lo < INF:
+            self._settle()
+        starts, ends = self.starts, self.ends
+        for h in range(bisect_right(ends, x), len(starts)):
+            a = starts[h]
+            if a < x:
+                a = x
+            if ends[h] - a >= w:
+                return a
+        return INF
+
+    def start(self, need: Need, w: float, x: float, limit: float = INF) -> float | None:
+        """The earliest ``t >= x`` (and ``<= limit``) at which the node holds
+        ``need`` over ``[t, t + w)``, or None: hole by hole (those long enough),
+        and inside a hole change point by change point. One method, no helper
+        per hole: it runs hundreds of thousands of times a pass."""
+        ppn, mem, gpus = need
+        times, cpu = self.times, self.cpu
+        free = self.mem if mem else None
+        gpu = None
+        if gpus:
+            gpu = self.gpu
+            if gpu is None:
+                return None
+        if ppn < 1:  # needs no CPU: the whole timeline is one hole
+            starts, ends = [times[0]], [INF]
+        else:
+            if self._lo < INF:
+                self._settle()
+            starts, ends = self.starts, self.ends
+        dip = self.dip
+        for h in range(bisect_right(ends, x), len(starts)):
+            a = starts[h]
+            if a < x:
+                a = x
+            if a > limit:
+                return None
+            end_of_hole = ends[h]
+            last = end_of_hole - w  # the latest start inside this hole
+            if last < a:
+                continue
+            if last > limit:
+                last = limit
+            k = bisect_right(times, a) - 1
+            stop = bisect_left(times, end_of_hole, k)
+            while True:
+                # The first change point from k on with room (none: next hole).
+                while (
+                    cpu[k] < ppn
+                    or (free is not None and free[k] < mem)
+                    or (gpu is not None and gpu[k] < gpus)
+                ):
+                    k += 1
+                    if k == stop:
+                        break
+                else:
+                    t = times[k]
+                    if t < a:
+                        t = a
+                    if t > last:
+                        break
+                    end = t + w
+                    if end <= dip:
+                        return t  # values only rise before the node's first dip
+                    ke = bisect_left(times, end, k + 1)
+                    k += 1
+                    if ke == k or (
+                        min(cpu[k:ke]) >= ppn
+                        and (free is None or min(free[k:ke]) >= mem)
+                        and (gpu is None or min(gpu[k:ke]) >= gpus)
+                    ):
+                        return t
+                    # Every start up to the last point in the window without
+                    # room overlaps it: look after it.
+                    k = ke - 1
+                    while (
+                        cpu[k] >= ppn
+                        and (free is None or free[k] >= mem)
+                        and (gpu is None or gpu[k] >= gpus)
+                    ):
+                        k -= 1
+                    k += 1
+                    if k < stop:
+                        continue
+                break
+        return None

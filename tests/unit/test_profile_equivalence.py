@@ -1,0 +1,210 @@
+"""The product's profile and searches against a plain reference, on random input.
+
+:class:`~tests.unit.profile_reference.ReferenceProfile` answers every question
+the obvious way (no bounds, caches or holes). Two properties:
+
+* plans: conservative, EASY and backfilling with a depth plan random snapshots
+  (nodes with CPUs, memory and GPUs; running jobs ending at various times, some
+  past their requested time; pending jobs of random shapes; some snapshots
+  "stuck", the running jobs holding all the memory; advance reservations) the
+  same with either profile: the same starts, predicted starts and reasons;
+* searches: long random sequences of questions and placements (many earliest
+  starts between placements, as a conservative pass asks) get the same answers.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minibatch.core.snapshot import ClusterSnapshot, Plan
+from minibatch.policy import book, registry
+from minibatch.policy.profile import Profile
+from tests.unit.profile_reference import ReferenceProfile
+from tests.unit.test_policy_properties import snapshots
+from tests.unit.test_policy_snapshots import job, node, running, snap
+
+POLICIES = [
+    ("conservative", {}),
+    ("easy", {}),
+    ("backfill", {"depth": 2}),
+    ("backfill", {"depth": 4, "select": "bestfit"}),
+]
+
+
+def plans(s: ClusterSnapshot, name: str, params: dict) -> tuple[Plan, Plan]:
+    """The plan of policy ``name`` with the product's profile and with the
+    reference's."""
+    product = registry.load(name, params).plan(s)
+    with mock.patch.object(book, "Profile", ReferenceProfile):
+        reference = registry.load(name, params).plan(s)
+    return product, reference
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> ClusterSnapshot:
+    """Busy nodes and a queue of random shapes; with ``stuck``, the running
+    jobs hold all the memory while CPUs stay free."""
+    now = float(draw(st.integers(0, 100)))
+    count = draw(st.integers(1, 6))
+    with_mem = draw(st.booleans())
+    with_gpus = draw(st.integers(0, 3)) == 0
+    stuck = with_mem and draw(st.booleans())
+    caps, runs, jid = [], [], 1000
+    for i in range(count):
+        name, cpus = f"n{i}", draw(st.integers(1, 8))
+        mem = draw(st.integers(8, 64)) if with_mem else None
+        gpus = draw(st.integers(0, 2)) if with_gpus else 0
+        caps.append(node(name, cpus, mem, gpus))
+        left, mem_left, gpus_left = cpus, mem, gpus
+        while left > 1 and draw(st.integers(0, 3)):
+            take = draw(st.integers(1, left - 1))
+            m = None if mem_left is None else draw(st.integers(0, mem_left))
+            g = draw(st.integers(0, gpus_left))
+            jid += 1
+            start = now - draw(st.integers(0, 60))
+            runs.append(
+                running(
+                    jid,
+                    {name: take},
+                    start,
+                    draw(st.integers(1, 150)),  # some already past it
+                    mem_kb=m,
+                    gpus=g,
+                )
+            )
+            left -= take
+            mem_left = None if mem_left is None else mem_left - (m or 0)
+            gpus_left -= g
+        if stuck and mem_left:
+            jid += 1
+            runs.append(
+                running(
+                    jid, {name: 1}, now - 1, draw(st.integers(5, 150)), mem_kb=mem_left
+                )
+            )
+    pending = []
+    for k in range(draw(st.integers(1, 30))):
+        nodes = draw(st.integers(1, min(3, count)))
+        mem = (
+            draw(st.integers(1, 24)) * nodes
+            if with_mem and draw(st.booleans())
+            else None
+        )
+        pending.append(
+            job(
+                k + 1,
+                draw(st.integers(1, 8)),
+                draw(st.integers(1, 150)),
+                nodes=nodes,
+                mem_kb=mem,
+                gpus=draw(st.integers(0, 2)) if with_gpus else 0,
+                submit=float(k),
+            )
+        )
+    return snap(caps, runs, pending, now=now)
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(), st.sampled_from(POLICIES))
+def test_plans_match_the_reference_on_busy_and_stuck_clusters(s, policy):
+    product, reference = plans(s, *policy)
+    assert product == reference
+
+
+@settings(max_examples=150, deadline=None)
+@given(snapshots(), st.sampled_from(POLICIES))
+def test_plans_match_the_reference_with_advance_reservations(s, policy):
+    product, reference = plans(s, *policy)
+    assert product == reference
+
+
+@st.composite
+def sessions(draw: st.DrawFn):
+    """Nodes with releases, then questions and placements."""
+    count = draw(st.integers(2, 8))
+    with_mem, with_gpus = draw(st.booleans()), draw(st.booleans())
+    caps = [
+        (
+            draw(st.integers(1, 8)),
+            draw(st.integers(0, 16)) if with_mem else None,
+            draw(st.integers(0, 2)) if with_gpus else None,
+        )
+        for _ in range(count)
+    ]
+    releases = [
+        [
+            (
+                float(draw(st.integers(0, 200))),
+                draw(st.integers(1, 4)),
+                draw(st.integers(0, 8)),
+                draw(st.integers(0, 1)),
+            )
+            for _ in range(draw(st.integers(0, 4)))
+        ]
+        for _ in range(count)
+    ]
+    ops = draw(
+        st.lists(
+            st.tuples(
+                st.integers(1, 3),  # nodes
+                st.integers(1, 8),  # ppn
+                st.integers(0, 12),  # memory per node
+                st.integers(0, 1),  # gpus
+                st.integers(1, 120),  # walltime
+                st.integers(0, 4),  # 0: start now if it fits; else reserve
+            ),
+            min_size=1,
+            max_size=60,
+        )
+    )
+    return caps, releases, ops
+
+
+def _profiles(caps, releases):
+    names = tuple(f"n{i}" for i in range(len(caps)))
+    plain = all(m is None and g is None for _, m, g in caps)
+    out = []
+    for cls in (Profile, ReferenceProfile):
+        prof = cls(
+            0.0,
+            names,
+            [c for c, _, _ in caps],
+            [m for _, m, _ in caps],
+            [g for _, _, g in caps],
+            plain,
+        )
+        prof.build(
+            [[(t, c) if plain else (t, c, m, g) for t, c, m, g in r] for r in releases]
+        )
+        out.append(prof)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(sessions())
+def test_searches_match_the_reference_between_placements(session):
+    caps, releases, ops = session
+    product, reference = _profiles(caps, releases)
+    plain = product.plain
+    for count, ppn, mem, gpus, w, how in ops:
+        count = min(count, len(caps))
+        shape = (count, ppn, 0 if plain else mem, 0 if plain else gpus)
+        now_fit = product.fit_now(shape, float(w))
+        assert now_fit == reference.fit_now(shape, float(w))
+        if how == 0 and now_fit is not None:
+            for p in (product, reference):
+                for i in now_fit:
+                    p.add(i, None, float(w), -shape[1], -shape[2], -shape[3])
+            continue
+        found = product.earliest(shape, float(w), 0.0)
+        assert found == reference.earliest(shape, float(w), 0.0)
+        if found is not None:
+            t, where = found
+            for p in (product, reference):
+                for i in where:
+                    p.add(i, t, t + w, -shape[1], -shape[2], -shape[3], len(ops))
+    for i in range(len(caps)):
+        assert product.segments(i) == reference.segments(i)
