@@ -14,13 +14,18 @@ $(BIN)/python:
 
 # Byte-compiling up front keeps every command's start fast (qsub: tens of ms),
 # even where PYTHONDONTWRITEBYTECODE stops Python from caching on first use.
+# The install is editable (the tests and the daemons run the working tree) as a
+# plain path in a .pth file: setuptools' default editable finder is imported by
+# every Python start in the venv, ~13 ms with what it imports (the commands,
+# which import most of that anyway, ~3 ms; docs/benchmarks.md, "Commands").
+EDITABLE := --config-settings editable_mode=compat
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e . $(EDITABLE)
 	$(BIN)/python -m compileall -q minibatch >/dev/null
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]' $(EDITABLE)
 	$(BIN)/python -m compileall -q minibatch >/dev/null
 	touch $@ $(VENV)/.installed
 
@@ -36,11 +41,12 @@ typecheck: $(VENV)/.installed-dev
 
 # Debian packages the tests start rather than skip: mosquitto (the MQTT tests run
 # against both brokers), systemd-analyze (the units are verified), tmux (mb top
-# runs in a real terminal) and chromium (mb web's page, driven by playwright: no
-# browser download).
+# runs in a real terminal), chromium (mb web's page, driven by playwright: no
+# browser download) and task-spooler (mb bench throughput --vs-task-spooler).
 system-packages:
 	@missing=""; \
 	command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
+	command -v tsp >/dev/null || missing="$$missing task-spooler"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v tmux >/dev/null || missing="$$missing tmux"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \

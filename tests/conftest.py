@@ -110,6 +110,10 @@ def validate(state: ServerState) -> None:
     assert set(state.queue) == queued, "queue out of step with job states"
     active = {j.id for j in state.jobs.values() if j.state in ACTIVE_STATES}
     assert state.active == active, "active set out of step with job states"
+    users: dict[str, set[int]] = {}
+    for job in state.jobs.values():
+        users.setdefault(job.user, set()).add(job.id)
+    assert state.by_user == users, "user index out of step with the jobs"
     snap = state.snapshot()
     keys = [(p.submit_time, p.id) for p in snap.pending]
     assert keys == sorted(keys), "snapshot queue not in priority order"

@@ -64,9 +64,10 @@ KINDS = ("submit", "qstat", "qstat_all")
 KEEP_MESSAGES = 5
 
 
-def queue_held(endpoint: str, workdir: str, count: int) -> None:
-    """Submit ``count`` held jobs from :data:`QUEUERS` clients at once."""
-    spec = trivial_spec(workdir, hold=True, name="load")
+def queue_held(endpoint: str, workdir: str, count: int, hold: bool = True) -> None:
+    """Submit ``count`` held jobs (eligible ones if not ``hold``) from
+    :data:`QUEUERS` clients at once."""
+    spec = trivial_spec(workdir, hold=hold, name="load")
     failures: list[BaseException] = []
 
     def submit(n: int) -> None:

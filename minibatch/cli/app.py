@@ -10,6 +10,7 @@ their command line; typer runs everything else, and all of ``mb --help``.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 from collections.abc import Callable
@@ -169,15 +170,15 @@ def up(
     ] = 20.0,
 ) -> None:
     """Start the broker, server, scheduler and nodes that are not already running."""
-    from minibatch.cluster import lifecycle, stopping
+    from minibatch.cluster import lifecycle, probe, stopping
     from minibatch.cluster.layout import layout_for_up, virtual_note
 
     with common.reporting("mb up"):
         paths, config = common.home()
         # A cluster with a daemon or a kept job still running keeps the layout it
         # started with: a kept job is re-adopted by the node of the same name.
-        alive = lifecycle.running(paths) or stopping.kept_jobs(paths)
-        running = lifecycle.load_layout(paths) if alive else None
+        alive = probe.running(paths) or stopping.kept_jobs(paths)
+        running = probe.load_layout(paths) if alive else None
         layout = layout_for_up(config, nodes, cpus_per_node, oversubscribe, running)
         report = lifecycle.up(paths, config, layout, wait=wait)
         for name in report.started:
@@ -237,11 +238,11 @@ def status(
     ] = False,
 ) -> None:
     """Each daemon with its pid and endpoint, and the MQTT URL."""
-    from minibatch.cluster import lifecycle
+    from minibatch.cluster import probe
 
     with common.reporting("mb status"):
         paths, config = common.home()
-        info = lifecycle.status(paths, config)
+        info = probe.status(paths, config)
         if as_json:
             sys.stdout.write(common.dump_json(info))
             return
@@ -341,11 +342,24 @@ def bench_throughput(
     cgroups: Annotated[
         bool, typer.Option(help="Nodes put jobs in cgroups (when root).")
     ] = True,
+    vs_task_spooler: Annotated[
+        bool,
+        typer.Option(
+            "--vs-task-spooler",
+            help="Only jobs/s end to end, in turns with Debian's task-spooler.",
+        ),
+    ] = False,
 ) -> None:
     """Submissions/s, jobs/s end to end, start latency, idle cost, qsub wall time."""
-    from minibatch.bench import throughput
-
     with common.reporting("mb bench"):
+        if vs_task_spooler:
+            from minibatch.bench import spooler
+
+            versus = spooler.side_by_side(jobs=jobs, repeat=repeat, cgroups=cgroups)
+            _print(versus, as_json, spooler.render)
+            return
+        from minibatch.bench import throughput
+
         result = throughput.run(jobs=jobs, repeat=repeat, cgroups=cgroups)
         _print(result, as_json, throughput.render)
 
@@ -373,11 +387,25 @@ def bench_load(
     full_every: Annotated[
         int, typer.Option(help="Rounds between full qstat listings (0: none).")
     ] = 50,
+    curve: Annotated[
+        str,
+        typer.Option(
+            help="Instead: drain rate and qstat latencies at these queue depths "
+            "(1000,10000,100000)."
+        ),
+    ] = "",
+    runs: Annotated[int, typer.Option(help="Rounds of commands (--curve).")] = 5,
 ) -> None:
     """Latency of submit/qstat under a deep queue and many clients; server RSS, CPU."""
     from minibatch.bench import load
 
     with common.reporting("mb bench"):
+        if curve:
+            from minibatch.bench import curve as curves
+
+            depths = [int(d) for d in curve.split(",") if d]
+            _print(curves.run(depths, runs), as_json, curves.render)
+            return
         result = load.run(
             jobs=jobs, clients=clients, seconds=seconds, full_every=full_every
         )
@@ -410,11 +438,15 @@ def main() -> None:
     """The ``mb`` console script."""
     name = sys.argv[1] if len(sys.argv) > 1 else ""
     if name in QUICK:
+        # Off before the command's imports, as for the console scripts
+        # (minibatch.cli.launch); on again if typer is to run it.
+        gc.disable()
         target, settings = COMMANDS[name]
         function: Callable[..., Any] = _load(target)
         kwargs = fastargs.parse(function, sys.argv[2:], _settings(target, settings))
         if kwargs is not None:
             common.run_and_exit(lambda: function(**kwargs))
+        gc.enable()
     known = name in COMMANDS or name in GROUPS or name == "bench"
     try:
         build(name if known else None)()

@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 import typer
 
-from minibatch.cluster import lifecycle
+from minibatch.cluster import lifecycle, probe
 from minibatch.config import Config, Paths, load
 
 #: (label, policy, params): the two schedulers, in the order they run.
@@ -180,7 +180,7 @@ def run_demo(
 def _up(paths: Paths, config: Config) -> None:
     from minibatch.cluster.layout import layout_for_up
 
-    running = lifecycle.load_layout(paths) if lifecycle.running(paths) else None
+    running = probe.load_layout(paths) if probe.running(paths) else None
     layout = layout_for_up(config, NODES, CPUS, True, running)
     report = lifecycle.up(paths, config, layout)
     typer.echo(f"cluster up in {paths.home}: {', '.join(report.started) or 'running'}")

@@ -208,18 +208,31 @@ def qstat_command(
     if server:
         _server(full=full, as_json=as_json)
         return
+    bare = not (job_ids or alt or full or user or finished or tasks or nodes)
+    bare = bare and not (comments or running or idle or as_json)
     with common.reporting("qstat"):
         selectors = [common.parse_selector(s) for s in job_ids or []]
         users = [u for u in (user or "").split(",") if u]
-        from minibatch.protocol.messages import QueryJobs
+        from minibatch.protocol.messages import ROW, JobRows, QueryJobs
 
         query = QueryJobs(
             selectors=selectors,
             # One user is filtered by the server; several are filtered here.
             user=users[0] if len(users) == 1 else None,
             finished=finished or bool(selectors),
+            rows=bare,
         )
-        jobs = fetch(query)
+        if bare:
+            # Only the table's rows (minibatch/server/listing.py), unless the
+            # server is of a version that sends jobs.
+            reply = common.call(query)
+            if isinstance(reply, JobRows):
+                rows = msgspec.msgpack.decode(reply.rows, type=ROW)
+                sys.stdout.write(render.qstat_default_table(rows))
+                return
+            jobs = list(reply.jobs)
+        else:
+            jobs = fetch(query)
     if users:
         # The server ignores the user when ids are named, and takes only one.
         jobs = [j for j in jobs if j.user in users]

@@ -1,10 +1,8 @@
-"""Starting, stopping and inspecting a local cluster's daemons (``mb up/down/status``).
+"""Starting and stopping a local cluster's daemons (``mb up``, ``mb down``).
 
 Each daemon is a detached process (own session, stdin /dev/null, output appended
-to ``log/<name>.log``) with a pid file ``run/<name>.pid``; ``<name>`` is ``broker``,
-``server``, ``scheduler`` or ``node-<node>``. A pid file is trusted only when its
-process is alive, runs the expected program and has this ``MB_HOME``: a stale
-file or a recycled pid is never taken for a running daemon, nor signalled.
+to ``log/<name>.log``) with a pid file ``run/<name>.pid``, trusted as
+:mod:`.probe` says (which also answers ``mb status``).
 """
 
 from __future__ import annotations
@@ -15,28 +13,26 @@ import select
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
-import msgspec
 import psutil
 
 from minibatch.cluster import layout as layouts
-from minibatch.cluster.layout import NodeLayout, virtual_note
+from minibatch.cluster.layout import NodeLayout
+
+# Re-exported: callers that start and stop clusters (benches, tests) ask here.
+from minibatch.cluster.probe import Daemon as Daemon
+from minibatch.cluster.probe import pidfile_names
+from minibatch.cluster.probe import running as running
+from minibatch.cluster.probe import running_pid as running_pid
 from minibatch.config import Config, Paths, mqtt_url
 from minibatch.errors import InvalidArgument, MinibatchError, Unavailable
 from minibatch.net.client import Client
-from minibatch.protocol.messages import (
-    NodeInfo,
-    NodeList,
-    QueryNodes,
-    ServerStatus,
-    Status,
-)
+from minibatch.protocol.messages import NodeList, QueryNodes, ServerStatus, Status
 
 #: Seconds a daemon gets between SIGTERM and SIGKILL in :func:`down`.
 STOP_GRACE = 10.0
@@ -48,13 +44,6 @@ POLL = 0.025
 EXIT_POLL = 0.5
 #: Node states that do not count as "up" when :func:`up` waits for the nodes.
 NOT_UP = frozenset({"down", "unknown"})
-#: Console script and module of each kind of daemon.
-PROGRAMS = {
-    "broker": ("mb-broker", "minibatch.events.broker"),
-    "server": ("mb-server", "minibatch.server.service"),
-    "scheduler": ("mb-scheduler", "minibatch.scheduler.service"),
-    "node": ("mb-node", "minibatch.node.service"),
-}
 #: Stop order: nodes first (they end their jobs), the broker last.
 STOP_STAGE = {"scheduler": 1, "server": 2, "broker": 3}
 #: Held until exit: a dropped Popen of a live daemon warns "still running".
@@ -65,74 +54,10 @@ class StartError(Unavailable):
     """A daemon did not start, or did not become ready in time."""
 
 
-@dataclass(frozen=True)
-class Daemon:
-    """How to run one daemon and how to recognise it in the process table."""
-
-    name: str
-    args: tuple[str, ...] = ()
-
-    @property
-    def program(self) -> tuple[str, str]:
-        return PROGRAMS["node" if self.name.startswith("node-") else self.name]
-
-    def command(self) -> list[str]:
-        """The console script next to ``sys.executable``, else ``python -m``."""
-        exe, module = self.program
-        script = Path(sys.executable).with_name(exe)
-        if os.access(script, os.X_OK):
-            return [str(script), *self.args]
-        return [sys.executable, "-m", module, *self.args]
-
-    def matches(self, cmdline: list[str]) -> bool:
-        """Whether ``cmdline`` runs this daemon (same program, same node)."""
-        exe, module = self.program
-        if not any(Path(a).name == exe or a == module for a in cmdline[:3]):
-            return False
-        if not self.name.startswith("node-"):
-            return True
-        node = self.name.removeprefix("node-")
-        pairs = zip(cmdline, cmdline[1:], strict=False)
-        return f"--name={node}" in cmdline or ("--name", node) in pairs
-
-
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     tmp.replace(path)
-
-
-def read_pid(path: Path) -> int | None:
-    """The pid in ``path``, or None when it is missing or unreadable."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        pid = int(path.read_text().split()[0])
-        return pid if pid > 0 else None
-    return None
-
-
-def running_pid(paths: Paths, daemon: Daemon) -> int | None:
-    """The pid of ``daemon`` if its pid file names a live process that runs it."""
-    pid = read_pid(paths.pidfile(daemon.name))
-    if pid is None:
-        return None
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            # A daemon started by this very process (tests; `mb up` and `mb down`
-            # in one process) stays a zombie until its parent waits for it.
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            return None
-        if not daemon.matches(proc.cmdline()):
-            return None
-        with contextlib.suppress(psutil.AccessDenied):
-            home = proc.environ().get("MB_HOME")
-            # Same program, other cluster: not ours to report or to stop.
-            if home is not None and Path(home).absolute() != paths.home:
-                return None
-    except psutil.Error:
-        return None
-    return pid
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
@@ -416,18 +341,6 @@ def _running(proc: psutil.Process) -> bool:
     return False
 
 
-def _pidfile_names(paths: Paths) -> list[str]:
-    nodes = sorted(p.stem for p in paths.run.glob("node-*.pid"))
-    return [*nodes, "scheduler", "server", "broker"]
-
-
-def running(paths: Paths) -> dict[str, int]:
-    """The daemons with a pid file that still run them, by name (``node-node0``,
-    ..., ``scheduler``, ``server``, ``broker``), in stopping order."""
-    names = _pidfile_names(paths)
-    return {n: p for n in names if (p := running_pid(paths, Daemon(n))) is not None}
-
-
 def down(
     paths: Paths,
     config: Config | None = None,
@@ -464,19 +377,11 @@ def down(
     stopped += _stop(pids, paths, keep)
     if not keep_running:
         stopping.sweep(paths)
-    for name in _pidfile_names(paths):
+    for name in pidfile_names(paths):
         paths.pidfile(name).unlink(missing_ok=True)
     if "broker" in pids:
         paths.mqtt_url_file.unlink(missing_ok=True)
     return stopped
-
-
-def load_layout(paths: Paths) -> list[NodeLayout] | None:
-    """The layout the last :func:`up` used, or None."""
-    try:
-        return layouts.decode((paths.run / "layout.json").read_bytes())
-    except (OSError, InvalidArgument):
-        return None
 
 
 def _use_mosquitto(choice: str) -> bool:
@@ -486,64 +391,3 @@ def _use_mosquitto(choice: str) -> bool:
 
         return mosquitto.executable() is not None
     return choice == "mosquitto"
-
-
-def _ask_server(endpoint: str) -> tuple[dict[str, NodeInfo], dict[str, int]]:
-    """The nodes as the server sees them, and its event counters (nothing
-    when it does not answer)."""
-    try:
-        with Client(endpoint, 2.0) as client:
-            nodes: NodeList = client.call(QueryNodes())
-            server: ServerStatus = client.call(Status())
-    except MinibatchError:
-        return {}, {}
-    return {n.name: n for n in nodes.nodes}, server.events
-
-
-def status(paths: Paths, config: Config) -> dict[str, Any]:
-    """Every daemon of the cluster, JSON-ready: ``home``, ``up`` (all alive),
-    ``mqtt_url``, ``server_endpoint``, ``layout`` and ``daemons``, each ``{name,
-    pid, alive, log}`` plus ``endpoint`` (broker, server) or ``node``, ``cpus``,
-    ``shared_cpus`` and ``mem`` (nodes), with the server's ``state``, ``comment``
-    and ``limits`` (how the node enforces CPUs and memory) when it answers."""
-    layout = {n.name: n for n in load_layout(paths) or []}
-    names = [f"node-{n}" for n in layout]
-    if paths.run.is_dir():
-        names += [n for n in _pidfile_names(paths)[:-3] if n not in names]
-    names = ["server", "scheduler", *names]
-    if not config.mqtt.url or paths.pidfile("broker").exists():
-        names.insert(0, "broker")
-    url, endpoint = mqtt_url(paths, config), config.server_endpoint(paths)
-    known, events = (
-        _ask_server(endpoint) if running_pid(paths, Daemon("server")) else ({}, {})
-    )
-    daemons: list[dict[str, Any]] = []
-    for name in names:
-        pid = running_pid(paths, Daemon(name))
-        entry: dict[str, Any] = {
-            "name": name,
-            "pid": pid or read_pid(paths.pidfile(name)),
-            "alive": pid is not None,
-            "log": str(paths.logfile(name)),
-        }
-        if name in ("broker", "server"):
-            entry["endpoint"] = url if name == "broker" else endpoint
-        elif name.startswith("node-"):
-            lay = layout.get(name[5:]) or NodeLayout(name=name[5:], cpus=[])
-            entry.update(node=lay.name, cpus=lay.cpus, mem=lay.mem)
-            entry["shared_cpus"] = lay.shared_cpus
-            if lay.real_cpus:
-                entry["virtual"] = virtual_note(lay.real_map())
-            if (info := known.get(lay.name)) is not None:
-                entry.update(state=info.state, comment=info.comment)
-                entry["limits"] = info.enforcement
-        daemons.append(entry)
-    return {
-        "home": str(paths.home),
-        "up": all(d["alive"] for d in daemons),
-        "mqtt_url": url,
-        "events": events,
-        "server_endpoint": endpoint,
-        "layout": [msgspec.structs.asdict(n) for n in layout.values()],
-        "daemons": daemons,
-    }

@@ -203,6 +203,7 @@ class Cgroups:
         #: cgroup there, to return to after a spawn.
         self.bases: dict[str, Path] = {}
         self._home: dict[str, Path] = {}
+        self._mems = ""
         self.why_not = ""
         try:
             self._set_up()
@@ -234,6 +235,8 @@ class Cgroups:
             cs = self.bases["cpuset"]
             _write(cs / "cpuset.cpus", _read(self._home["cpuset"] / "cpuset.cpus"))
             _write(cs / "cpuset.mems", _read(self._home["cpuset"] / "cpuset.mems"))
+            # Each job's cpuset needs the memory nodes too: read once, not per job.
+            self._mems = _read(cs / "cpuset.mems")
             return
         controllers = set(_read(ROOT / "cgroup.controllers").split())
         if not controllers >= _V2_NEEDED:
@@ -258,8 +261,12 @@ class Cgroups:
     def create(self, job: int, cpus: list[int], mem_kb: int | None) -> JobCgroup:
         """A fresh cgroup for ``job`` (an old one of the same id is reused)."""
         dirs = {c: base / f"job_{job}" for c, base in self.bases.items()}
+        fresh = True
         for d in dirs.values():
-            d.mkdir(exist_ok=True)
+            try:
+                d.mkdir()
+            except FileExistsError:
+                fresh = False
         cg = JobCgroup(dirs, self.v2)
         if self.v2:
             d = dirs[""]
@@ -272,14 +279,17 @@ class Cgroups:
                 _write(d / "pids.max", str(self.pids_max))
             return cg
         cs = dirs["cpuset"]
-        _write(cs / "cpuset.mems", _read(self.bases["cpuset"] / "cpuset.mems"))
+        _write(cs / "cpuset.mems", self._mems)
         _write(cs / "cpuset.cpus", format_cpu_list(cpus))
-        mem = dirs["memory"]
-        limit = str(mem_kb * 1024) if mem_kb else "-1"
-        _write(mem / "memory.limit_in_bytes", limit)
-        # Swap would let a job past its limit; memsw must be set after memory.
-        with contextlib.suppress(OSError):
-            _write(mem / "memory.memsw.limit_in_bytes", limit)
+        # A new v1 memory cgroup has no limit: writing "none" again would cost
+        # two writes per job for nothing (a reused one may hold an old limit).
+        if mem_kb or not fresh:
+            mem = dirs["memory"]
+            limit = str(mem_kb * 1024) if mem_kb else "-1"
+            _write(mem / "memory.limit_in_bytes", limit)
+            # Swap would let a job past its limit; memsw must be set after memory.
+            with contextlib.suppress(OSError):
+                _write(mem / "memory.memsw.limit_in_bytes", limit)
         _write(dirs["pids"] / "pids.max", str(self.pids_max or "max"))
         return cg
 

@@ -32,7 +32,8 @@ import pwd
 import resource
 import shutil
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -283,6 +284,11 @@ class Launcher:
         self.signal = signal_named(resize_signal)
         self._euid = os.geteuid()
         spool.mkdir(mode=0o755, parents=True, exist_ok=True)
+        # Removing a job's files waits on the file system (an rmdir on ext4
+        # blocks ~1-2 ms), time the event loop would not be answering the
+        # server: one thread does it after the job's end is reported.
+        self._sweeper = ThreadPoolExecutor(1, thread_name_prefix="spool-sweeper")
+        self._sweeps: dict[int, Future[None]] = {}
 
     def physical_cpus(self, cpus: list[int]) -> list[int]:
         """The real cores behind the node CPUs ``cpus`` (fewer when some of
@@ -298,6 +304,7 @@ class Launcher:
 
         ``placement`` is held around the fork (the job's cgroups, see
         :meth:`.cgroup.Cgroups.inside`)."""
+        self.swept(spec.job)  # a rerun must not lose its new files to the sweep
         ident = resolve_identity(spec, self._euid)
         cpus = self.physical_cpus(spec.cpus)
         if not cpus:
@@ -471,7 +478,36 @@ class Launcher:
         return self.spool / f"{job}.cpus"
 
     def cleanup(self, job: int) -> None:
+        self.swept(job)
         remove_spool_files(self.spool, job)
+
+    def cleanup_later(self, job: int, then: Callable[[], None] | None = None) -> None:
+        """Remove the job's record now, and its other files (then run
+        ``then``) in the background.
+
+        The record goes at once: a daemon restarted later must not take the
+        job for one that ended while no daemon ran."""
+        with contextlib.suppress(OSError):
+            (self.spool / f"{job}.run").unlink()
+        if len(self._sweeps) > 64:
+            self._sweeps = {j: f for j, f in self._sweeps.items() if not f.done()}
+        self._sweeps[job] = self._sweeper.submit(self._sweep, job, then)
+
+    def _sweep(self, job: int, then: Callable[[], None] | None) -> None:
+        remove_spool_files(self.spool, job)
+        if then is not None:
+            then()
+
+    def swept(self, job: int) -> None:
+        """Wait until what :meth:`cleanup_later` removes of ``job`` is gone."""
+        pending = self._sweeps.pop(job, None)
+        if pending is not None:
+            pending.result()
+
+    def flush(self) -> None:
+        """Wait for the removals under way."""
+        for job in list(self._sweeps):
+            self.swept(job)
 
 
 def remove_spool_files(spool: Path, job: int) -> None:

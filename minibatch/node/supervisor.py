@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import resource
@@ -54,7 +55,7 @@ from collections.abc import Callable
 from minibatch.config import NodeDaemonConfig
 from minibatch.core.job import JobResult
 from minibatch.node import limits, procfs, records, shm
-from minibatch.node.cgroup import Cgroups
+from minibatch.node.cgroup import Cgroups, JobCgroup
 from minibatch.node.launcher import Launcher
 from minibatch.node.ownership import Ownership, Run, ended_report, failed_report
 from minibatch.node.procfs import ProcTable
@@ -222,11 +223,13 @@ class Supervisor:
             handle.cancel()
         if run.popen is not None and run.popen.returncode is None:
             run.popen.returncode = -signal.SIGKILL  # never wait on that pid again
+        removal = None
         if run.cg is not None:
             self._close_cgroup(run)
+            removal = functools.partial(_remove_cgroup, run.cg, run.spec.display_id)
         self._own.remove(run)
         self._remember(run.spec.job, run.spec.reruns)
-        self.launcher.cleanup(run.spec.job)
+        self.launcher.cleanup_later(run.spec.job, removal)
         if not self._own.jobs:
             self._idle.set()
         report = ended_report(run)
@@ -241,8 +244,8 @@ class Supervisor:
         self._emit(report)
 
     def _close_cgroup(self, run: Run) -> None:
-        """Take the job's totals from its cgroup, clear what it left in
-        ``/dev/shm`` (:mod:`.shm`), and remove the cgroup."""
+        """Take the job's totals from its cgroup and clear what it left in
+        ``/dev/shm`` (:mod:`.shm`)."""
         cg = run.cg
         assert cg is not None
         run.cputime_s = max(run.cputime_s, cg.cpu_seconds())
@@ -265,8 +268,6 @@ class Supervisor:
                 run.spec.display_id,
                 ", ".join(removed),
             )
-        if not cg.remove():
-            log.warning("job %s: its cgroup is not empty yet", run.spec.display_id)
 
     def _oom(self, run: Run) -> tuple[JobResult, str] | None:
         """The kernel OOM-killed a process of the job: the whole job ends."""
@@ -429,3 +430,8 @@ class Supervisor:
                     log.warning("killing pid %d, left behind by job(s) %s", pid, jobs)
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
+
+
+def _remove_cgroup(cg: JobCgroup, display_id: str) -> None:
+    if not cg.remove():
+        log.warning("job %s: its cgroup is not empty yet", display_id)

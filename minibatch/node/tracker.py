@@ -92,6 +92,7 @@ class Tracker(Supervisor):
             if run.popen is not None and run.popen.returncode is None:
                 run.popen.returncode = -signal.SIGKILL
             self._own.remove(run)
+        self.launcher.flush()
 
     def running(self) -> list[int]:
         return sorted(self._own.jobs)
@@ -216,6 +217,9 @@ class Tracker(Supervisor):
             )
             return
         cpus = self.launcher.physical_cpus(spec.cpus)
+        # A rerun's cgroup has the same name as the one its last run's end
+        # is still removing.
+        self.launcher.swept(spec.job)
         cg = None
         try:
             if self.cgroups is not None:

@@ -23,7 +23,7 @@ import msgspec
 
 from minibatch.core.job import Job, JobOptions, JobResult, JobSpec
 from minibatch.core.reservation import Reservation
-from minibatch.core.snapshot import ClusterSnapshot, Plan
+from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
@@ -86,6 +86,22 @@ class QueryJobs(_Msg, frozen=True, kw_only=True, tag="query_jobs"):
     finished: bool = False
     active: bool = True
     since: float | None = None
+    #: Only what a bare ``qstat`` prints (the reply is then :class:`JobRows`),
+    #: when no ids are named: 100,000 jobs are then a few MB, not 60.
+    rows: bool = False
+
+
+class JobRows(_Msg, frozen=True, kw_only=True, tag="job_rows"):
+    """A bare ``qstat``'s table: msgpack of a list of ``[id, name, user, time
+    use, state letter, queue]``, arrays summed up, in id order. Raw, so the
+    server encodes it once per change of the jobs and the client decodes it
+    with the row type (:data:`ROW`)."""
+
+    rows: msgspec.Raw
+
+
+#: The type of :attr:`JobRows.rows`.
+ROW = list[tuple[str, str, str, str, str, str]]
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):
@@ -323,6 +339,22 @@ class SchedHello(_Msg, frozen=True, kw_only=True, tag="sched_hello"):
     refused: str = ""
 
 
+class PendingDelta(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """How the queue changed since the scheduler's copy of it, version ``base``.
+
+    With ``base`` -1 the snapshot's ``pending`` is the queue as it is (version
+    ``version``); otherwise ``pending`` is empty and the scheduler rebuilds it
+    from its copy: ``removed`` ids out, ``added`` views in (replacing any of the
+    same id), in rank order (:mod:`minibatch.scheduler.mirror`). A deep queue
+    then costs a pass what changed, not the whole queue.
+    """
+
+    version: int
+    base: int = -1
+    removed: list[int] = []
+    added: list[PendingView] = []
+
+
 class Wake(_Msg, frozen=True, kw_only=True, tag="wake"):
     """Server -> scheduler: state changed; plan this snapshot. No reply.
 
@@ -335,6 +367,7 @@ class Wake(_Msg, frozen=True, kw_only=True, tag="wake"):
     snapshot: ClusterSnapshot | None = None
     policy: str = ""
     params: dict[str, Any] = {}
+    delta: PendingDelta | None = None
 
 
 class GetSnapshot(_Msg, frozen=True, kw_only=True, tag="get_snapshot"):
@@ -343,12 +376,16 @@ class GetSnapshot(_Msg, frozen=True, kw_only=True, tag="get_snapshot"):
     whatif``) that changes nothing."""
 
     peek: bool = False
+    #: The version of the queue the scheduler holds (-1: none): the reply
+    #: carries a delta from it when the server still knows it.
+    base: int = -1
 
 
 class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot"):
     snapshot: ClusterSnapshot
     policy: str = ""
     params: dict[str, Any] = {}
+    delta: PendingDelta | None = None
 
 
 class ApplyPlan(_Msg, frozen=True, kw_only=True, tag="apply_plan"):
@@ -521,6 +558,7 @@ Message = (
     | Submitted
     | QueryJobs
     | JobList
+    | JobRows
     | JobControl
     | Alter
     | QueryNodes

@@ -7,11 +7,14 @@ the next one, and pushes at most one per ``coalesce_ms``: an isolated event is
 planned at once, a burst of 1,000 submissions costs a few passes (Flux coalesces
 the same way). The scheduler says hello every second, so a restarted
 server learns of it at once, and runs a pass of its own every ``interval``
-seconds: the safety net for anything missed.
+seconds: the safety net for anything missed. The queue comes as changes to the
+copy the scheduler keeps (:mod:`minibatch.scheduler.mirror`), whole when the
+copy is missing or out of step.
 
 The server validates every start against its current state, so a plan made from a
 snapshot that has since gone stale cannot over-allocate: stale starts are just
-rejected. The scheduler keeps no state between passes.
+rejected. The scheduler keeps no state between passes but that copy, which
+the server can always replace.
 
 The policy is the server's to choose (``mb policy set``): each wake and snapshot
 names it, and the scheduler loads a new one by name (``registry.load_named``:
@@ -47,6 +50,7 @@ from minibatch.protocol.messages import (
     SnapshotReply,
     Wake,
 )
+from minibatch.scheduler.mirror import QueueMirror
 
 log = logging.getLogger("minibatch.scheduler")
 
@@ -77,6 +81,7 @@ class Scheduler:
         self.interval = interval
         self.wanted = asyncio.Event()
         self.pushed: ClusterSnapshot | None = None
+        self.mirror = QueueMirror()
         self.client = AsyncClient(endpoint, self._on_message)
         self.passes = 0
         #: A choice refused here (it failed to load or to plan), so it is not
@@ -88,7 +93,12 @@ class Scheduler:
 
     async def _on_message(self, msg: Message) -> None:
         if isinstance(msg, Wake):
-            self.pushed = msg.snapshot
+            # Applied now, in the order the server sent them: a later wake may
+            # replace this one before the pass, but not skip its delta. None
+            # (the copy is out of step) makes the pass fetch the whole queue.
+            self.pushed = None
+            if msg.snapshot is not None:
+                self.pushed = self.mirror.apply(msg.snapshot, msg.delta)
             self.switch(msg.policy, msg.params)
             self.wanted.set()
 
@@ -144,17 +154,22 @@ class Scheduler:
 
     async def one_pass(self, snap: ClusterSnapshot | None = None) -> PlanResult:
         """Plan ``snap`` (or a snapshot fetched now) and send the plan back."""
-        if snap is None:
-            reply: SnapshotReply = await self.client.call(GetSnapshot())
-            snap = reply.snapshot
+        while snap is None:  # twice at most: a copy out of step gets it whole
+            reply: SnapshotReply = await self.client.call(
+                GetSnapshot(base=self.mirror.version)
+            )
+            snap = self.mirror.apply(reply.snapshot, reply.delta)
             self.switch(reply.policy, reply.params)
         t0 = time.perf_counter()
         # Called inline, not in a thread: the scheduler has nothing else to do
         # meanwhile, and wakes that arrive during the pass just set the event.
+        # No await before it either: a wake's delta would change the queue the
+        # snapshot views (it would refuse to be read).
         plan = self.plan(snap)
         elapsed = time.perf_counter() - t0
+        pending = len(snap.pending)
         result: PlanResult = await self.client.call(
-            ApplyPlan(plan=plan, elapsed=elapsed, pending=len(snap.pending))
+            ApplyPlan(plan=plan, elapsed=elapsed, pending=pending)
         )
         self.passes += 1
         if result.rejected:
@@ -164,7 +179,7 @@ class Scheduler:
         log.debug(
             "pass %d: %d pending, %d started, %.1f ms",
             self.passes,
-            len(snap.pending),
+            pending,
             len(result.started),
             elapsed * 1e3,
         )

@@ -19,6 +19,7 @@ from minibatch.protocol.messages import (
     JobEnded,
     JobList,
     JobResized,
+    JobRows,
     JobStarted,
     Message,
     NodeHello,
@@ -101,9 +102,12 @@ def query_jobs(
                 found[job.id] = job
         jobs = sorted(found.values(), key=lambda j: j.id)
     else:
+        if msg.rows and msg.active and not msg.finished and msg.user is None:
+            return JobRows(rows=state.listing.rows(state))
         jobs = []
         if msg.active:
-            jobs = [j for j in state.jobs.values() if msg.user in (None, j.user)]
+            mine = state.jobs if msg.user is None else state.by_user.get(msg.user, ())
+            jobs = [state.jobs[i] for i in mine]
         if msg.finished:
             jobs += state.store.finished_jobs(user=msg.user, since=msg.since)
         jobs.sort(key=lambda j: j.id)
@@ -276,6 +280,7 @@ def get_snapshot(
     ident: bytes,
     msg: GetSnapshot,
 ) -> Message:
+    delta = None
     if msg.peek:
         # What diagnose shows anyone (no scripts, environments or arguments),
         # taken without the scheduler's bookkeeping: no plan is pending on it.
@@ -283,10 +288,10 @@ def get_snapshot(
         snap = views.snapshot(state, state.clock())
     else:
         need_daemon(ctx, caller)
-        snap = state.snapshot()
+        snap, delta = views.shipped(state, msg.base)
         state.plan_pending_since = snap.now
     return SnapshotReply(
-        snapshot=snap, policy=state.policy.name, params=state.policy.params
+        snapshot=snap, policy=state.policy.name, params=state.policy.params, delta=delta
     )
 
 

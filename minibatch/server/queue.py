@@ -10,6 +10,11 @@ Each job also keeps the start predicted by the first plan whose snapshot saw it
 after it was queued (:meth:`PendingQueue.planned_start`), as the simulator keeps
 the prediction made at a job's submission: what ``jobs.csv`` compares with the
 real start.
+
+The scheduler keeps a copy of the queue (:mod:`minibatch.scheduler.mirror`);
+each snapshot shipped to it carries only the jobs that entered or left the
+queue since the last (:meth:`PendingQueue.ship`), so a pass over 100,000
+queued jobs does not encode and decode them all.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import Callable, Iterator
 
 from minibatch.core.job import Job
 from minibatch.core.snapshot import PendingView, Plan
+from minibatch.protocol.messages import PendingDelta
 from minibatch.server.records import pending_view
 
 Rank = tuple[float, int, float, int]
@@ -59,6 +65,12 @@ class PendingQueue:
         #: order), and the starts the first plan to see the others predicted.
         self._unjudged: dict[int, int] = {}
         self._first: dict[int, float] = {}
+        #: The queue as last shipped to the scheduler: its version, whether it
+        #: was the whole queue (a filtered one is no base for a delta), and the
+        #: jobs that entered or left it since.
+        self._version = 0
+        self._mirrored = False
+        self._touched: set[int] = set()
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._views)
@@ -74,6 +86,7 @@ class PendingQueue:
         else:
             self._last = key
         self._views[job.id] = view
+        self._touched.add(job.id)
         self._note(key)
         self._unjudged.pop(job.id, None)  # re-added: to the end, in entry order
         self._unjudged[job.id] = self._entries
@@ -105,7 +118,8 @@ class PendingQueue:
         return self._views[job_id].rank
 
     def discard(self, job_id: int) -> None:
-        self._views.pop(job_id, None)
+        if self._views.pop(job_id, None) is not None:
+            self._touched.add(job_id)
         self._unjudged.pop(job_id, None)
         self._first.pop(job_id, None)
 
@@ -115,6 +129,26 @@ class PendingQueue:
             self._views = {p.id: p for p in order}
             self._sorted = True
         return tuple(self._views.values())
+
+    def ship(self, whole: bool, base: int | None = None) -> PendingDelta:
+        """The next version of the scheduler's copy of the queue, as a delta
+        from ``base`` (None: the last version shipped) when the scheduler holds
+        that version of the whole queue; else ``base`` -1: ship the snapshot's
+        ``pending`` in full. ``whole``: that ``pending`` is the whole queue (no
+        job left out by a QOS limit, a stopped queue or an array's limit)."""
+        last = self._version
+        self._version += 1
+        delta = PendingDelta(version=self._version)
+        if self._mirrored and whole and base in (None, last):
+            views = self._views
+            removed = [j for j in self._touched if j not in views]
+            added = [views[j] for j in self._touched if j in views]
+            delta = PendingDelta(
+                version=self._version, base=last, removed=removed, added=added
+            )
+        self._mirrored = whole
+        self._touched.clear()
+        return delta
 
     def take_notes(self, plan: Plan, snapshot_time: float) -> None:
         """Keep the plan's reasons, predicted starts and upcoming jobs (replacing

@@ -11,7 +11,7 @@ before any reply leaves), messages for daemons to :attr:`outbox`, MQTT events to
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -30,13 +30,14 @@ from minibatch.core.job import (
     transition,
 )
 from minibatch.core.resize import refusal, start_limit
-from minibatch.core.snapshot import ClusterSnapshot
+from minibatch.core.snapshot import ClusterSnapshot, PendingView
 from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import Kill, Launch, Message, Wake
 from minibatch.server import admission, booking, mail, malleable, requeue, views
 from minibatch.server.acctlog import Pending
 from minibatch.server.history import UsageHistory
+from minibatch.server.listing import Listing
 from minibatch.server.nodes import Node, NodeRegistry
 from minibatch.server.qos import QosTable
 from minibatch.server.queue import PendingQueue
@@ -85,6 +86,9 @@ class ServerState:
         self.array_limits: dict[int, int] = {}
         #: Running and exiting jobs (they hold resources).
         self.active: set[int] = set()
+        #: Jobs not finished by user (``qstat -u``), and a bare qstat's rows.
+        self.by_user: dict[str, set[int]] = {}
+        self.listing = Listing()
         self.snapshot_time = 0.0
         self.outbox: list[tuple[bytes, Message]] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
@@ -134,6 +138,7 @@ class ServerState:
 
     def _index(self, job: Job) -> None:
         self.jobs[job.id] = job
+        self.by_user.setdefault(job.user, set()).add(job.id)
         if job.state is JobState.QUEUED:
             self.queue.add(job)
         elif job.state in ACTIVE_STATES:
@@ -152,6 +157,11 @@ class ServerState:
 
     def _unindex(self, job: Job) -> None:
         self.jobs.pop(job.id, None)
+        mine = self.by_user.get(job.user)
+        if mine is not None:
+            mine.discard(job.id)
+            if not mine:
+                del self.by_user[job.user]
         self.queue.discard(job.id)
         self.active.discard(job.id)
         if job.array_id is not None:
@@ -236,13 +246,14 @@ class ServerState:
         if since is not None and self.clock() - since < stale_after:
             return None
         self.wake = False
-        snap = self.snapshot()
+        snap, delta = views.shipped(self)
         self.plan_pending_since = snap.now
         return Wake(
             generation=self.generation,
             snapshot=snap,
             policy=self.policy.name,
             params=self.policy.params,
+            delta=delta,
         )
 
     # ------------------------------------------------------------- lookup
@@ -426,12 +437,12 @@ class ServerState:
 
     # --------------------------------------------------------- scheduling
 
-    def snapshot(self) -> ClusterSnapshot:
+    def snapshot(self, pending: Sequence[PendingView] | None = None) -> ClusterSnapshot:
         """What the policy plans from (see :func:`views.snapshot`)."""
         now = self.clock()
         self.snapshot_time = now
         self.queue.snapshot_taken(self.generation)
-        return views.snapshot(self, now)
+        return views.snapshot(self, now, pending)
 
     def start(self, job_id: int, names: tuple[str, ...], ppn: int = 0) -> str | None:
         """Validate and apply one start decision; the reason it is refused, or None.

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from minibatch.core.job import ACTIVE_STATES, Job, limit_of
 from minibatch.core.snapshot import ClusterSnapshot, PendingView, RunningView
 from minibatch.errors import InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
+from minibatch.protocol.messages import PendingDelta
 
 if TYPE_CHECKING:
     from minibatch.server.state import ServerState
@@ -18,11 +20,13 @@ if TYPE_CHECKING:
 UPCOMING = 32
 
 
-def snapshot(state: ServerState, now: float) -> ClusterSnapshot:
-    """The policy's whole world at ``now``.
+def snapshot(
+    state: ServerState, now: float, pending: Sequence[PendingView] | None = None
+) -> ClusterSnapshot:
+    """The policy's whole world at ``now``, with ``pending`` for its queue
+    (None: :func:`eligible`).
 
-    Pending jobs over a QOS limit are left out (Maui's throttling: they are not
-    eligible). Reservations, QOS, fairshare usage and accuracy are cached by their
+    Reservations, QOS, fairshare usage and accuracy are cached by their
     owners, so a snapshot costs a pass little beyond the running jobs.
     """
     running = []
@@ -48,6 +52,29 @@ def snapshot(state: ServerState, now: float) -> ClusterSnapshot:
             )
         )
     running.sort(key=lambda r: r.id)
+    return ClusterSnapshot(
+        now=now,
+        generation=state.generation,
+        nodes=state.nodes.views(),
+        running=tuple(running),
+        pending=eligible(state) if pending is None else pending,
+        reservations=state.reservations.views(),
+        fairshare=state.history.fairshare(now, (state.jobs[j] for j in state.active)),
+        accuracy=state.history.accuracy(),
+        qos=state.qos.views,
+        upcoming=UPCOMING,
+    )
+
+
+def _filtering(state: ServerState) -> bool:
+    """Whether :func:`eligible` may leave jobs out."""
+    return state.qos.any_blocked or state.queues.any_stopped or bool(state.array_limits)
+
+
+def eligible(state: ServerState) -> tuple[PendingView, ...]:
+    """The queue in priority order, less the jobs over a QOS limit (Maui's
+    throttling: they are not eligible), in a stopped queue or over their
+    array's limit."""
     pending = state.queue.ordered()
     qos = state.qos
     if qos.any_blocked:
@@ -56,18 +83,21 @@ def snapshot(state: ServerState, now: float) -> ClusterSnapshot:
         pending = tuple(p for p in pending if state.queues.started(p.queue))
     if state.array_limits:
         pending = _within_array_limits(state, pending)
-    return ClusterSnapshot(
-        now=now,
-        generation=state.generation,
-        nodes=state.nodes.views(),
-        running=tuple(running),
-        pending=pending,
-        reservations=state.reservations.views(),
-        fairshare=state.history.fairshare(now, (state.jobs[j] for j in state.active)),
-        accuracy=state.history.accuracy(),
-        qos=qos.views,
-        upcoming=UPCOMING,
-    )
+    return pending
+
+
+def shipped(
+    state: ServerState, base: int | None = None
+) -> tuple[ClusterSnapshot, PendingDelta]:
+    """The scheduler's next snapshot, its queue as a delta from the scheduler's
+    copy (version ``base``; None: the last shipped) when possible: then the
+    snapshot's ``pending`` is empty (see :meth:`PendingQueue.ship`), and the
+    queue is not even listed (at 100,000 jobs that alone cost ~2 ms a pass)."""
+    pending = eligible(state) if _filtering(state) else None
+    # Filters only leave jobs out, in order: as many as queued is all of them.
+    whole = pending is None or len(pending) == len(state.queue)
+    delta = state.queue.ship(whole, base)
+    return state.snapshot(() if delta.base >= 0 else pending), delta
 
 
 def _within_array_limits(

@@ -9,25 +9,29 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
 from conftest import BIN
 
-from minibatch.bench import load
+from minibatch.bench import curve, load
 
 # Serial: it measures times, and looks for processes left over anywhere.
 pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 
-def test_the_benchmark_measures_everything_and_leaves_nothing() -> None:
-    before = {p.pid for p in psutil.process_iter()}
+def bench_load(tmp: str, *args: str) -> dict[str, Any]:
+    """``mb bench load ARGS --json``'s result, outside any cluster's home; the
+    bench makes its home in ``tmp`` (other benches may run meanwhile)."""
     env = {k: v for k, v in os.environ.items() if k != "MB_HOME"}
-    args = ["--jobs", "500", "--clients", "5", "--seconds", "3", "--json"]
+    env["TMPDIR"] = tmp
     proc = subprocess.run(
-        [str(BIN / "mb"), "bench", "load", *args],
+        [str(BIN / "mb"), "bench", "load", *args, "--json"],
         capture_output=True,
         text=True,
         env=env,
@@ -35,7 +39,32 @@ def test_the_benchmark_measures_everything_and_leaves_nothing() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+def leftovers(tmp: str) -> list[psutil.Process]:
+    """Processes in the home of a bench run with ``bench_load(tmp, ...)``."""
+    bench_home = os.path.join(tmp, "mb-bench-")
+    left = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.environ().get("MB_HOME", "").startswith(bench_home):
+                left.append(p)
+    return left
+
+
+@pytest.fixture
+def tmp() -> Iterator[str]:
+    """A short directory for the bench's home (its ipc socket's path is
+    limited to 107 bytes, so not pytest's tmp_path)."""
+    path = tempfile.mkdtemp(prefix="mbl-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_benchmark_measures_everything_and_leaves_nothing(tmp: str) -> None:
+    result = bench_load(tmp, "--jobs", "500", "--clients", "5", "--seconds", "3")
     assert (result["jobs"], result["clients"], result["seconds"]) == (500, 5, 3.0)
     assert result["full_every"] == 50
     assert result["errors"] == 0 and result["error_messages"] == [], result
@@ -58,11 +87,20 @@ def test_the_benchmark_measures_everything_and_leaves_nothing() -> None:
     assert result["server_rss_mb_after"] > 0
     assert "p99 ms" in load.render(result)
     # The cluster and the client processes (all in the bench's MB_HOME) are gone.
-    bench_home = os.path.join(tempfile.gettempdir(), "mb-bench-")
-    left = []
-    for p in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            home = p.environ().get("MB_HOME", "")
-            if p.pid not in before and home.startswith(bench_home):
-                left.append(p)
-    assert not left, left
+    assert not leftovers(tmp)
+
+
+def test_the_curve_measures_each_depth_and_leaves_nothing(tmp: str) -> None:
+    result = bench_load(tmp, "--curve", "20,60", "--runs", "1")
+    assert result["runs"] == 1
+    points = result["curve"]
+    assert [p["depth"] for p in points] == [20, 60]
+    assert [p["drained"] for p in points] == [10, 30]
+    assert points[0]["drain_ratio"] == 1.0
+    for p in points:
+        assert p["drain_per_s"] > 0 and p["queue_s"] > 0, p
+        labels = {"qstat", "qstat -u USER", "qstat ID", "python -c pass"}
+        assert set(p["ms"]) == set(p["cpu_ms"]) == labels, p
+        assert all(v > 0 for v in p["ms"].values()), p
+    assert "drain/s" in curve.render(result)
+    assert not leftovers(tmp)

@@ -165,7 +165,9 @@ def test_keep_running_and_drain(cluster: ClusterFactory) -> None:
     jobs = [c.qsub(script(c, "kept.sh", body)) for _ in range(2)]
     on = {c.wait_state(j, "running")["node"]: j for j in jobs}
     assert set(on) == {"node0", "node1"}
-    tops = [psutil.Process(c.wait_state(j, "running")["session_id"]) for j in jobs]
+    # The start report (the pid) may follow the launch by a few ms.
+    started = [c.wait_for(lambda j=j: c.job(j)["session_id"]) for j in jobs]
+    tops = [psutil.Process(pid) for pid in started]
     out = c.run("mb", "down", "--keep-running").stdout
     assert "stopped" in out and not c.pids(), out
     assert all(top.is_running() for top in tops)

@@ -63,6 +63,9 @@ async def test_environment_and_output_files(node: Harness) -> None:
     node.tracker.launch(spec)
     end = await node.ended(7)
     assert end.result is JobResult.COMPLETED and end.exit_status == 0
+    # The record goes before the end is reported (a restarted daemon must not
+    # report the job again); the other files follow in the background.
+    assert not (node.spool / "7.run").exists()
     out = (node.workdir / "job7.o").read_text()
     assert (node.workdir / "job7.e").read_text() == "to-err\n"
     lines = out.splitlines()
@@ -93,6 +96,7 @@ async def test_environment_and_output_files(node: Harness) -> None:
     assert "MB_CPUSET_FILE" not in env  # a rigid job's CPUs never change
     nodefile = lines[lines.index("NODEFILE") + 1 :]
     assert nodefile == ["hostA"] * len(cpus) + ["hostB"] * len(cpus)
+    node.launcher.flush()  # the end's removals run in the background
     assert not list(node.spool.iterdir())  # spool files are removed at the end
 
 

@@ -6,11 +6,12 @@ import json
 import subprocess
 import sys
 
+import msgspec
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from minibatch.cli import acct, common, jobctl, pbsnodes, qstat
+from minibatch.cli import acct, common, jobctl, pbsnodes, qstat, render
 from minibatch.core.job import Job, JobRequest, JobResult, JobState
 from minibatch.errors import InvalidArgument, RemoteError, Unavailable
 from minibatch.protocol import messages as m
@@ -67,10 +68,16 @@ def test_qstat_default_query_and_output(server):
     ]
     result = invoke(qstat.qstat_command, [])
     assert result.exit_code == 0
-    assert server.sent == [m.QueryJobs(selectors=[], user=None, finished=False)]
+    # A bare qstat asks for the rows only; a server that sends jobs is shown
+    # as before.
+    assert server.sent == [m.QueryJobs(selectors=[], finished=False, rows=True)]
     lines = result.stdout.splitlines()
     assert lines[0].startswith("Job ID")
     assert [line.split()[0] for line in lines[2:]] == ["3", "9"]
+    rows = [("3", "j3", "alice", "00:00:01", "R", "batch")]
+    server.replies = [m.JobRows(rows=msgspec.Raw(msgspec.msgpack.encode(rows)))]
+    again = invoke(qstat.qstat_command, [])
+    assert again.stdout == render.qstat_default_table(rows)
 
 
 def test_qstat_named_jobs_include_finished_and_report_unknown(server):

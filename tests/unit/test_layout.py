@@ -26,9 +26,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minibatch.cluster import layout as L
-from minibatch.cluster import lifecycle
+from minibatch.cluster import lifecycle, probe
 from minibatch.cluster.layout import NodeLayout, from_config, plan_nodes
-from minibatch.cluster.lifecycle import Daemon, StartError
+from minibatch.cluster.lifecycle import StartError
+from minibatch.cluster.probe import Daemon
 from minibatch.config import Config, MqttConfig, NodeConfig, Paths
 from minibatch.errors import InvalidArgument
 
@@ -351,11 +352,11 @@ def home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Paths]:
     for module, source in FAKES.items():
         (fakes / f"{module}.py").write_text(textwrap.dedent(source))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fakes), *sys.path]))
-    programs = dict(lifecycle.PROGRAMS)
+    programs = dict(probe.PROGRAMS)
     for kind in ("server", "scheduler", "node"):
         # No such console script exists, so the daemon runs as `python -m fake`.
         programs[kind] = (f"fake-mb-{kind}", f"fake_mb_{kind}")
-    monkeypatch.setattr(lifecycle, "PROGRAMS", programs)
+    monkeypatch.setattr(probe, "PROGRAMS", programs)
     paths = Paths(root / "home")
     try:
         yield paths
@@ -391,9 +392,9 @@ def test_up_starts_only_what_is_not_running_and_down_stops_all(home: Paths) -> N
     assert json.loads((home.run / "args-node0").read_text()) == [
         "--name", "node0", "--cpus", "0", "--mem", "1gb",
     ]  # fmt: skip
-    assert lifecycle.load_layout(home) == layout
+    assert probe.load_layout(home) == layout
     for name in everyone:
-        assert lifecycle.read_pid(home.pidfile(name)) == report.pids[name]
+        assert probe.read_pid(home.pidfile(name)) == report.pids[name]
         assert "mb up:" in home.logfile(name).read_text()
 
     again = lifecycle.up(home, Config(), layout, wait=30)
@@ -405,7 +406,7 @@ def test_up_starts_only_what_is_not_running_and_down_stops_all(home: Paths) -> N
     third = lifecycle.up(home, Config(), layout, wait=30)
     assert third.started == ["node-node1"]
 
-    st = lifecycle.status(home, Config())
+    st = probe.status(home, Config())
     assert st["up"] and st["mqtt_url"] == report.mqtt_url
     by_name = {d["name"]: d for d in st["daemons"]}
     assert list(by_name) == everyone
@@ -420,7 +421,7 @@ def test_up_starts_only_what_is_not_running_and_down_stops_all(home: Paths) -> N
     ]  # fmt: skip
     assert not any(alive(pid) for pid in pids.values())
     assert not list(home.run.glob("*.pid")) and not home.mqtt_url_file.exists()
-    assert not lifecycle.status(home, Config())["up"]
+    assert not probe.status(home, Config())["up"]
     assert lifecycle.down(home) == []
 
 
@@ -458,7 +459,7 @@ def test_stale_and_foreign_pid_files_are_not_trusted(home: Paths) -> None:
         home.pidfile("scheduler").write_text("999999999\n")  # no such process
         home.pidfile("broker").write_text("garbage\n")
         for name in ("server", "scheduler", "broker"):
-            assert lifecycle.running_pid(home, Daemon(name)) is None
+            assert probe.running_pid(home, Daemon(name)) is None
         assert lifecycle.down(home) == []
         assert sleeper.poll() is None  # never signalled
         assert not list(home.run.glob("*.pid"))

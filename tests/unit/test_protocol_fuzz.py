@@ -76,6 +76,9 @@ def strategy(t: mi.Type) -> st.SearchStrategy[Any]:
         return st.dictionaries(strategy(t.key_type), strategy(t.value_type), max_size=3)
     if isinstance(t, mi.StructType):
         return struct_strategy(t)
+    if isinstance(t, mi.RawType):  # JobRows: its rows, already encoded
+        rows = st.lists(st.tuples(*[st.text(max_size=8)] * 6), max_size=3)
+        return rows.map(lambda r: msgspec.Raw(msgspec.msgpack.encode(r)))
     raise NotImplementedError(f"no strategy for {t!r}")
 
 

@@ -1,0 +1,43 @@
+"""The console scripts: each command's goes through :mod:`minibatch.cli.launch`
+(the collector off before its imports) to the command's ``main``."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from minibatch.cli import launch
+from tests.unit.fresh_python import output_of
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+#: Long-running programs keep their collector: the daemons, and ``mb`` (``mb
+#: web``, ``mb sim``), which turns it off for its quick commands only.
+OWN_ENTRY = {"mb", "mb-server", "mb-scheduler", "mb-node", "mb-broker"}
+
+
+def test_every_command_script_is_launched_and_resolves() -> None:
+    scripts = tomllib.loads(PYPROJECT.read_text())["project"]["scripts"]
+    launched = {
+        name: target
+        for name, target in scripts.items()
+        if target == f"minibatch.cli.launch:{name}"
+    }
+    assert set(scripts) - set(launched) == OWN_ENTRY
+    assert set(launched) == set(launch.SCRIPTS)
+    for name in launched:
+        assert callable(getattr(launch, name)), name
+    with pytest.raises(AttributeError, match="no console script 'mb'"):
+        launch.mb  # noqa: B018
+
+
+@pytest.mark.timeout(30)
+def test_a_command_imported_through_launch_has_the_collector_off() -> None:
+    probe = (
+        "import gc, sys\n"
+        "from minibatch.cli.launch import qstat\n"
+        "print(gc.isenabled(), 'msgspec' in sys.modules)\n"
+    )
+    out = output_of(probe)
+    assert out.split() == ["False", "True"]

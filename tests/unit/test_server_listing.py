@@ -1,0 +1,81 @@
+"""A bare qstat's rows from the server: the table qstat printed from jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from minibatch.cli import qstat, render
+from minibatch.core.job import JobRequest, JobSpec
+from minibatch.protocol.messages import ROW, JobList, JobRows, QueryJobs
+from minibatch.server import handlers
+from minibatch.server.access import Context
+from minibatch.server.state import ServerState
+from minibatch.server.submit import Caller
+
+pytestmark = pytest.mark.timeout(60)
+
+ME = Caller(uid=1000, gid=1000, pid=1)
+CTX = Context(operators=frozenset())
+
+
+def spec(name: str = "j", **kw: Any) -> JobSpec:
+    return JobSpec(
+        name=name, workdir="/tmp", request=JobRequest(ppn=1), argv=["true"], **kw
+    )
+
+
+def table_from_rows(state: ServerState) -> str:
+    reply = handlers.query_jobs(state, CTX, ME, b"", QueryJobs(rows=True))
+    assert isinstance(reply, JobRows)
+    return render.qstat_default_table(msgspec.msgpack.decode(reply.rows, type=ROW))
+
+
+def table_from_jobs(state: ServerState) -> str:
+    """What qstat printed from the whole jobs (and still does for a server
+    that sends them)."""
+    reply = handlers.query_jobs(state, CTX, ME, b"", QueryJobs())
+    assert isinstance(reply, JobList)
+    jobs = sorted(reply.jobs, key=lambda j: j.id)
+    return qstat.render_jobs(qstat.shown(jobs, [], False), now=0.0)
+
+
+def test_rows_print_the_table_jobs_printed_and_follow_every_change(
+    server_state: ServerState,
+) -> None:
+    state = server_state
+    assert table_from_rows(state) == "" == table_from_jobs(state)
+    (first,) = state.submit(spec("a-rather-long-job-name-cut"), ME)
+    tasks = state.submit(spec("arr", array=[1, 2, 3]), ME)
+    (held,) = state.submit(spec("held", hold=True), ME)
+    assert state.start(first.id, ("n0",)) is None
+    assert state.start(tasks[0].id, ("n1",)) is None
+    assert table_from_rows(state) == table_from_jobs(state)
+    assert "2[]" in table_from_rows(state)
+    # A change of state, and the CPU time a heartbeat reports (not stored).
+    state.release(held)
+    assert " Q " in table_from_rows(state).splitlines()[-1]
+    first.used_cputime_s = 75.0
+    assert "00:01:15" in table_from_rows(state)
+    state.cancel(tasks[1])
+    assert table_from_rows(state) == table_from_jobs(state)
+
+
+def test_qstat_u_finds_a_users_jobs_by_index(server_state: ServerState) -> None:
+    state = server_state
+    other = Caller(uid=0, gid=0, pid=2)
+    mine = [state.submit(spec(), ME)[0].id for _ in range(3)]
+    theirs = state.submit(spec(), other)[0]
+    user = state.jobs[mine[0]].user
+    reply = handlers.query_jobs(state, CTX, ME, b"", QueryJobs(user=user))
+    assert isinstance(reply, JobList)
+    assert [j.id for j in reply.jobs] == mine
+    state.cancel(state.jobs[mine[1]])
+    reply = handlers.query_jobs(state, CTX, ME, b"", QueryJobs(user=user))
+    assert isinstance(reply, JobList)
+    assert [j.id for j in reply.jobs] == [mine[0], mine[2]]
+    assert theirs.user != user
+    nobody = handlers.query_jobs(state, CTX, ME, b"", QueryJobs(user="no-such"))
+    assert isinstance(nobody, JobList) and nobody.jobs == []
