@@ -6,6 +6,11 @@ by the benchmark itself, never asserted in tests), only that each was taken.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
 import psutil
 import pytest
 
@@ -15,8 +20,17 @@ from minibatch.bench import commands
 pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 
-def test_every_command_is_measured_and_nothing_is_left() -> None:
-    before = {p.pid for p in psutil.process_iter()}
+@pytest.fixture
+def tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A short directory of its own for the bench's home (other benches may
+    run meanwhile; an ipc socket's path is limited to 107 bytes)."""
+    path = tempfile.mkdtemp(prefix="mbc-")
+    monkeypatch.setattr(tempfile, "tempdir", path)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_every_command_is_measured_and_nothing_is_left(tmp: str) -> None:
     result = commands.run(jobs=12, runs=2)
     measured = result["commands"]
     assert set(measured) == {
@@ -43,13 +57,9 @@ def test_every_command_is_measured_and_nothing_is_left() -> None:
     assert result["runs"] == 2 and result["python_startup_ms"] > 0
     table = commands.render(result)
     assert all(label in table for label in measured)
-    # The cluster it started is gone: no process with a bench home as its
-    # MB_HOME (clusters other tests run meanwhile have homes of their own).
-    left = [
-        p
-        for p in psutil.process_iter(["pid"])
-        if p.info["pid"] not in before and "mb-bench-" in bench_home(p)
-    ]
+    # The cluster it started is gone: no process has its home as MB_HOME.
+    home = os.path.join(tmp, "mb-bench-")
+    left = [p for p in psutil.process_iter() if bench_home(p).startswith(home)]
     assert not left, left
 
 
