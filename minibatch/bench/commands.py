@@ -196,15 +196,22 @@ def render(result: dict[str, Any]) -> str:
     """The result as a table for people."""
     lines = [
         f"{result['jobs']} held jobs, {result['nodes']} running; "
-        f"median of {result['runs']} runs (ms)",
+        f"median of {result['runs']} run{'s' if result['runs'] != 1 else ''} (ms)",
         f"{'command':<16} {'median':>7} {'range':>15} {'x yardstick':>12} "
         f"{'limit':>6} {'CPU':>6}",
     ]
+    over = 0
     for label, m in result["commands"].items():
         span = f"{m['min_ms']:.1f}-{m['max_ms']:.1f}"
         limit = "" if m["limit_ms"] is None else f"{m['limit_ms']:.0f}"
+        late = m["limit_ms"] is not None and m["median_ms"] > m["limit_ms"]
+        over += late
         lines.append(
             f"{label:<16} {m['median_ms']:>7.1f} {span:>15} "
             f"{m['ratio']:>12.2f} {limit:>6} {m['cpu_ms']:>6.1f}"
+            + ("  over the limit" if late else "")
         )
+    lines.append(
+        f"{over} of the commands over their limit" if over else "all within limits"
+    )
     return "\n".join(lines)

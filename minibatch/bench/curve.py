@@ -33,6 +33,7 @@ from minibatch.bench.load import TIMEOUT, queue_held
 from minibatch.bench.throughput import fresh_cluster
 from minibatch.cluster import layout as layouts
 from minibatch.core.job import JobState
+from minibatch.errors import InvalidArgument
 from minibatch.net.client import Client
 from minibatch.protocol.messages import JobControl, QueryJobs, Status, Submit
 
@@ -108,6 +109,17 @@ def one_depth(depth: int, runs: int) -> dict[str, Any]:
     }
 
 
+def depths(text: str) -> list[int]:
+    """``--curve``'s queue depths: positive integers separated by commas."""
+    words = [w.strip() for w in text.split(",")]
+    if not all(w.isdigit() and int(w) > 0 for w in words):
+        raise InvalidArgument(
+            f"--curve: expected queue depths as positive integers separated "
+            f"by commas (1000,10000,100000), got {text!r}"
+        )
+    return [int(w) for w in words]
+
+
 def run(depths: list[int], runs: int = 5) -> dict[str, Any]:
     """Every depth in turn, each on its own fresh cluster."""
     points = [one_depth(d, runs) for d in depths]
@@ -122,7 +134,11 @@ def render(result: dict[str, Any]) -> str:
     head = f"{'queued':>8} {'drain/s':>8} {'ratio':>6}" + "".join(
         f" {label:>15}" for label in labels
     )
-    title = f"medians of {result['runs']} runs: wall ms (the command's CPU ms)"
+    runs = result["runs"]
+    title = (
+        f"median{'s' if runs != 1 else ''} of {runs} run{'s' if runs != 1 else ''}:"
+        " wall ms (the command's CPU ms); ratio: drain rate over the first depth's"
+    )
     lines = [title, head]
     for p in result["curve"]:
         wall, cpu = p["ms"], p["cpu_ms"]

@@ -207,16 +207,16 @@ def render(result: dict[str, Any]) -> str:
 
 def bench_scheduler(
     pending: Annotated[
-        int, typer.Option("--pending", help="Queued jobs in the snapshot.")
+        int, typer.Option("--pending", min=0, help="Queued jobs in the snapshot.")
     ] = 10_000,
     policy: Annotated[
         str, typer.Option("--policy", "-p", help="Policy name.")
     ] = "easy",
-    nodes: Annotated[int, typer.Option("--nodes", help="Nodes.")] = 128,
+    nodes: Annotated[int, typer.Option("--nodes", min=1, help="Nodes.")] = 128,
     cpus_per_node: Annotated[
-        int, typer.Option("--cpus-per-node", help="CPUs of each node.")
+        int, typer.Option("--cpus-per-node", min=1, help="CPUs of each node.")
     ] = 32,
-    repeat: Annotated[int, typer.Option(help="Passes; the median is kept.")] = 5,
+    repeat: Annotated[int, typer.Option(min=1, help="Passes; the median is kept.")] = 5,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic snapshot.")] = 1,
     mode: Annotated[
         str,

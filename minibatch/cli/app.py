@@ -337,8 +337,12 @@ def demo(
 
 def bench_throughput(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
-    jobs: Annotated[int, typer.Option(help="Jobs in the end-to-end run.")] = 1000,
-    repeat: Annotated[int, typer.Option(help="Runs per rate; the median is kept.")] = 3,
+    jobs: Annotated[
+        int, typer.Option(min=1, help="Jobs in the end-to-end run.")
+    ] = 1000,
+    repeat: Annotated[
+        int, typer.Option(min=1, help="Runs per rate; the median is kept.")
+    ] = 3,
     cgroups: Annotated[
         bool, typer.Option(help="Nodes put jobs in cgroups (when root).")
     ] = True,
@@ -366,8 +370,12 @@ def bench_throughput(
 
 def bench_resize(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
-    resizes: Annotated[int, typer.Option(help="Resizes, 1 and 2 CPUs in turn.")] = 200,
-    threads: Annotated[int, typer.Option(help="Threads of the resized job.")] = 64,
+    resizes: Annotated[
+        int, typer.Option(min=1, help="Resizes, 1 and 2 CPUs in turn.")
+    ] = 200,
+    threads: Annotated[
+        int, typer.Option(min=1, help="Threads of the resized job.")
+    ] = 64,
 ) -> None:
     """Time from a resize decision to the job's signal, every thread's mask checked."""
     from minibatch.bench import resize
@@ -381,11 +389,13 @@ def bench_resize(
 
 def bench_load(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
-    jobs: Annotated[int, typer.Option(help="Held jobs queued first.")] = 20_000,
-    clients: Annotated[int, typer.Option(help="Concurrent clients.")] = 50,
-    seconds: Annotated[float, typer.Option(help="How long the clients run.")] = 60.0,
+    jobs: Annotated[int, typer.Option(min=1, help="Held jobs queued first.")] = 20_000,
+    clients: Annotated[int, typer.Option(min=1, help="Concurrent clients.")] = 50,
+    seconds: Annotated[
+        float, typer.Option(min=0.1, help="How long the clients run.")
+    ] = 60.0,
     full_every: Annotated[
-        int, typer.Option(help="Rounds between full qstat listings (0: none).")
+        int, typer.Option(min=0, help="Rounds between full qstat listings (0: none).")
     ] = 50,
     curve: Annotated[
         str,
@@ -394,7 +404,7 @@ def bench_load(
             "(1000,10000,100000)."
         ),
     ] = "",
-    runs: Annotated[int, typer.Option(help="Rounds of commands (--curve).")] = 5,
+    runs: Annotated[int, typer.Option(min=1, help="Rounds of commands (--curve).")] = 5,
 ) -> None:
     """Latency of submit/qstat under a deep queue and many clients; server RSS, CPU."""
     from minibatch.bench import load
@@ -403,8 +413,7 @@ def bench_load(
         if curve:
             from minibatch.bench import curve as curves
 
-            depths = [int(d) for d in curve.split(",") if d]
-            _print(curves.run(depths, runs), as_json, curves.render)
+            _print(curves.run(curves.depths(curve), runs), as_json, curves.render)
             return
         result = load.run(
             jobs=jobs, clients=clients, seconds=seconds, full_every=full_every
@@ -416,8 +425,8 @@ def bench_load(
 
 def bench_commands(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
-    jobs: Annotated[int, typer.Option(help="Held jobs queued first.")] = 1000,
-    runs: Annotated[int, typer.Option(help="Timed runs of each command.")] = 20,
+    jobs: Annotated[int, typer.Option(min=1, help="Held jobs queued first.")] = 1000,
+    runs: Annotated[int, typer.Option(min=1, help="Timed runs of each command.")] = 20,
 ) -> None:
     """Wall time of qstat, qsub, showq, mb status... against python -c pass."""
     from minibatch.bench import commands

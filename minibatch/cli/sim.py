@@ -462,7 +462,7 @@ def bench_sim(
     ] = "SDSC-SP2-1998-4.2-cln.swf.gz",
     policy: PolicyOpt = "easy",
     procs: ProcsOpt = None,
-    repeat: Annotated[int, typer.Option(help="Runs; the median is kept.")] = 3,
+    repeat: Annotated[int, typer.Option(min=1, help="Runs; the median is kept.")] = 3,
     depth_curve: Annotated[
         bool,
         typer.Option(

@@ -135,6 +135,8 @@ def sacct_command(
         if not users and not all_users and not jobs and os.getuid() != 0:
             users = [current_user()]
     given, _, code = resolve("sacct", jobs or [])
+    if code and not given:
+        raise SystemExit(code)  # as sacct: a bad job id is fatal, no table
     found = fetch("sacct", given, code, users, True, since)
     found = keep(
         found,

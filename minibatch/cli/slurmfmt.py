@@ -209,7 +209,14 @@ def expand_hostlist(text: str) -> list[str]:
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")
 
 
+def _padded(number: str) -> bool:
+    return len(number) > 1 and number.startswith("0")
+
+
 def index_ranges(numbers: list[str]) -> str:
+    """``["1", "2", "3", "9", "10"]`` -> ``1-3,9-10``. Zero-padded numbers keep
+    their width (``08-09``, not ``08-9``), as Slurm's host lists do; others
+    run on across a digit (``9-10``)."""
     values = sorted({(int(n), n) for n in numbers})
     runs: list[list[tuple[int, str]]] = []
     for value in values:
@@ -217,7 +224,10 @@ def index_ranges(numbers: list[str]) -> str:
         if (
             last is not None
             and value[0] == last[0] + 1
-            and len(value[1]) == len(last[1])
+            and (
+                len(value[1]) == len(last[1])
+                or not (_padded(value[1]) or _padded(last[1]))
+            )
         ):
             runs[-1].append(value)
         else:

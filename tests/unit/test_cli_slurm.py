@@ -201,6 +201,10 @@ def test_compress_hostlist_round_trips():
     assert slurmfmt.compress_hostlist(["node0"]) == "node0"
     assert slurmfmt.compress_hostlist(["n01", "n02", "n10"]) == "n[01-02,10]"
     assert slurmfmt.compress_hostlist(["login", "node2", "node2"]) == "login,node2"
+    # Unpadded numbers run on across a digit; padded ones keep their width.
+    assert slurmfmt.compress_hostlist(["node8", "node9", "node10"]) == "node[8-10]"
+    assert slurmfmt.compress_hostlist(["n08", "n09", "n10"]) == "n[08-10]"
+    assert slurmfmt.index_ranges([str(i) for i in range(1, 301)]) == "1-300"
     names = slurmfmt.expand_hostlist("a[1-4,9],b[07-09],c")
     assert slurmfmt.expand_hostlist(slurmfmt.compress_hostlist(names)) == names
 
