@@ -246,7 +246,9 @@ def status(
         if as_json:
             sys.stdout.write(common.dump_json(info))
             return
-        print(f"MB_HOME {info['home']}: {'up' if info['up'] else 'not (fully) up'}")
+        alive = sum(d["alive"] for d in info["daemons"])
+        said = "up" if info["up"] else "partly up" if alive else "down"
+        print(f"MB_HOME {info['home']}: {said}")
         for d in info["daemons"]:
             where = d.get("endpoint") or (f"CPUs {d['cpus']}" if "cpus" in d else "")
             state = f"pid {d['pid']}" if d["alive"] else "not running"
@@ -255,7 +257,7 @@ def status(
                 where += f" ({d['comment']})" if d.get("comment") else ""
             if "virtual" in d:
                 where += f"; {d['virtual']}"
-            print(f"  {d['name']:<14} {state:<12} {where}")
+            print(f"  {d['name']:<14} {state:<12} {where}".rstrip())
         print(f"  events         {info['mqtt_url'] or 'off'}{_events(info)}")
         if not info["up"]:
             raise SystemExit(common.ERROR_EXIT)

@@ -58,12 +58,36 @@ def per_id(
         raise SystemExit(code)
 
 
-def _control(prog: str, action: str, job_ids: list[str]) -> None:
+TASKS_HELP = "Only these tasks of each array id (Torque's -t, e.g. 1-5,7)."
+
+
+def array_tasks(prog: str, job_ids: list[str], tasks: str | None) -> list[str]:
+    """``job_ids`` with each array id (``7[]`` or ``7``) replaced by the tasks
+    ``-t`` names (``7[1]`` ... ``7[5]``); ids of one task stay as they are."""
+    if tasks is None:
+        return job_ids
+    from minibatch.cli.optvalues import parse_array
+
+    with common.reporting(prog):
+        indices, limit = parse_array(tasks)
+        if limit:
+            raise InvalidArgument(f"-t {tasks!r}: a slot limit means nothing here")
+    out: list[str] = []
+    for text in job_ids:
+        base = text.strip().removesuffix("[]")
+        if "[" in base:
+            out.append(text)
+        else:
+            out += [f"{base}[{i}]" for i in indices]
+    return out
+
+
+def _control(prog: str, action: str, job_ids: list[str], tasks: str | None) -> None:
     from minibatch.protocol.messages import JobControl
 
     per_id(
         prog,
-        job_ids,
+        array_tasks(prog, job_ids, tasks),
         lambda selectors: JobControl(action=action, selectors=selectors, each=True),
     )
 
@@ -72,27 +96,36 @@ def qdel_command(
     job_ids: Annotated[
         list[str], typer.Argument(metavar="ID", help=IDS_HELP, show_default=False)
     ],
+    tasks: Annotated[
+        str | None, typer.Option("-t", help=TASKS_HELP, show_default=False)
+    ] = None,
 ) -> None:
     """Cancel jobs: pending ones are removed, running ones are killed."""
-    _control("qdel", "cancel", job_ids)
+    _control("qdel", "cancel", job_ids, tasks)
 
 
 def qhold_command(
     job_ids: Annotated[
         list[str], typer.Argument(metavar="ID", help=IDS_HELP, show_default=False)
     ],
+    tasks: Annotated[
+        str | None, typer.Option("-t", help=TASKS_HELP, show_default=False)
+    ] = None,
 ) -> None:
     """Put pending jobs on user hold."""
-    _control("qhold", "hold", job_ids)
+    _control("qhold", "hold", job_ids, tasks)
 
 
 def qrls_command(
     job_ids: Annotated[
         list[str], typer.Argument(metavar="ID", help=IDS_HELP, show_default=False)
     ],
+    tasks: Annotated[
+        str | None, typer.Option("-t", help=TASKS_HELP, show_default=False)
+    ] = None,
 ) -> None:
     """Release held jobs."""
-    _control("qrls", "release", job_ids)
+    _control("qrls", "release", job_ids, tasks)
 
 
 def alter_fields(resources: list[str]) -> tuple[int | None, int | None]:
