@@ -215,6 +215,12 @@ def _priority_lines(ranking: Ranking, snap: ClusterSnapshot, job: Job) -> list[s
     view = pending_view(job)
     parts, raw = scorer.breakdown(view), scorer.raw(view)
     lines = [f"StartPriority:  {parts['total']:.2f}  (policy {ranking.policy})"]
+    if not ranking.by_priority:
+        lines.append(
+            f"  (policy {ranking.policy} does not order by it: queue priority "
+            f"{view.queue_priority:g}, then qsub -p {view.user_priority}, then "
+            "submission, as PBS does)"
+        )
     for comp, _, subs in shown_components(ranking):
         inner = "  ".join(
             f"{SUBLABELS[s]}: {_num(raw[f'{comp}.{s}'])}" for s, _ in subs

@@ -59,6 +59,9 @@ class Ranking(msgspec.Struct):
     psp_default_bin: int = 3
     #: Why the policy could not be loaded here (the views fall back to queue order).
     note: str = ""
+    #: The policy orders jobs by this priority (maui, fairshare, psp); else it
+    #: keeps PBS order and the weights are Maui's defaults, for information.
+    by_priority: bool = False
     params: dict[str, Any] = {}
 
 
@@ -115,6 +118,7 @@ def rank(reply: DiagnoseReply) -> Ranking:
         targets=targets,
         psp_default_bin=default_bin,
         note=note,
+        by_priority=isinstance(policy, Maui | Fairshare | Psp),
         params=dict(reply.params),
     )
 

@@ -215,6 +215,10 @@ def test_showq_sections_from_a_real_server_state(tmp_path: Path):
     checked = render_checkjob(wide_job, reply, time.time())
     assert checked.startswith(f"checking job {wide.id}\n\nState: Idle\n")
     assert "StartPriority:" in checked and "Serv: " in checked
+    # EASY keeps PBS order: checkjob says the priority shown does not order it.
+    assert "(policy easy does not order by it: queue priority 0, then qsub -p 0" in (
+        checked
+    )
     assert "PSP: bin 3 (a3), root has no finished job yet" in checked
     assert "Reservation: none (policy 'easy' holds none" in checked
     assert "Reason: waiting for 2 CPUs (1 free)" in checked
