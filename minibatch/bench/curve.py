@@ -109,7 +109,7 @@ def one_depth(depth: int, runs: int) -> dict[str, Any]:
     }
 
 
-def depths(text: str) -> list[int]:
+def parse_depths(text: str) -> list[int]:
     """``--curve``'s queue depths: positive integers separated by commas."""
     words = [w.strip() for w in text.split(",")]
     if not all(w.isdigit() and int(w) > 0 for w in words):

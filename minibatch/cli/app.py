@@ -415,7 +415,7 @@ def bench_load(
         if curve:
             from minibatch.bench import curve as curves
 
-            _print(curves.run(curves.depths(curve), runs), as_json, curves.render)
+            _print(curves.run(curves.parse_depths(curve), runs), as_json, curves.render)
             return
         result = load.run(
             jobs=jobs, clients=clients, seconds=seconds, full_every=full_every

@@ -16,10 +16,10 @@ MB = Path(sys.executable).with_name("mb")
 
 
 def test_curve_depths_are_positive_integers() -> None:
-    assert curve.depths("1000,10000, 100000") == [1000, 10000, 100000]
+    assert curve.parse_depths("1000,10000, 100000") == [1000, 10000, 100000]
     for bad in ("abc", ",,", "0", "-5", "10,", "1e3"):
         with pytest.raises(InvalidArgument, match="--curve"):
-            curve.depths(bad)
+            curve.parse_depths(bad)
 
 
 @pytest.mark.parametrize(
