@@ -41,3 +41,22 @@ def test_a_command_imported_through_launch_has_the_collector_off() -> None:
     )
     out = output_of(probe)
     assert out.split() == ["False", "True"]
+
+
+@pytest.mark.timeout(30)
+def test_commands_import_msgspec_without_typing_extensions() -> None:
+    # msgspec then reads typing's get_type_hints: the protocol still decodes,
+    # and typer (help, usage errors) still finds typing_extensions later.
+    probe = (
+        "import sys\n"
+        "from minibatch.cli.launch import qstat\n"
+        "import minibatch.cli.qstat\n"
+        "from minibatch.protocol.codec import decode, encode\n"
+        "from minibatch.protocol.messages import QueryJobs\n"
+        "q = QueryJobs(selectors=['7[]'], rows=True)\n"
+        "same = decode(encode(q)).body == q\n"
+        "print('typing_extensions' in sys.modules, 'inspect' in sys.modules, same)\n"
+        "import typing_extensions\n"
+        "print(typing_extensions.__name__)\n"
+    )
+    assert output_of(probe).split() == ["False", "False", "True", "typing_extensions"]
