@@ -11,11 +11,12 @@ minimum is one slice of each list.
 
 A conservative plan leaves nodes full most of the time: most change points have
 no free CPU. The timeline keeps its *holes*, the stretches with a free CPU
-(``starts``/``ends``), kept up to date by placements; every job needs a CPU, so
-a window lies inside one hole and the walk of :meth:`Timeline.start` looks only
-at holes long enough for it, not at every change point. Holes are brought up to
-date when a question needs them (the stretch of time changed since is kept):
-EASY asks once a pass and then only places, so it never pays for them after.
+(``starts``/``ends``); every job needs a CPU, so a window lies inside one hole
+and the walk of :meth:`Timeline.start` looks only at holes long enough for it,
+not at every change point. A placement only widens the stretch of time whose
+holes are out of date (``_lo``, ``_hi``); the next question that needs holes
+makes them again there. EASY asks once a pass and then only places, so it never
+pays for them after.
 
 Free resources only drop where a take begins (a *dip*); ``dip`` is the node's
 first, so a window that ends by then is a test of its start alone.
