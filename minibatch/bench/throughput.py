@@ -38,7 +38,7 @@ from typing import Any
 import psutil
 
 from minibatch.cluster import layout as layouts
-from minibatch.cluster import lifecycle
+from minibatch.cluster import lifecycle, probe
 from minibatch.config import Config, Paths
 from minibatch.core.job import JobRequest, JobSpec, JobState
 from minibatch.net.client import Client
@@ -137,7 +137,7 @@ def daemons(paths: Paths) -> dict[str, psutil.Process]:
     only waits for its mosquitto child, whose CPU would otherwise go unseen.
     """
     procs = {}
-    for name, pid in sorted(lifecycle.running(paths).items()):
+    for name, pid in sorted(probe.running(paths).items()):
         proc = psutil.Process(pid)
         if name == "broker":
             proc = next(iter(proc.children()), proc)
@@ -196,7 +196,7 @@ def fresh_cluster(
             os.environ.pop("MB_HOME", None)
         else:
             os.environ["MB_HOME"] = old_home
-        if not lifecycle.running(paths):
+        if not probe.running(paths):
             shutil.rmtree(paths.home, ignore_errors=True)
 
 

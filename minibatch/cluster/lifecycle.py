@@ -25,10 +25,7 @@ from minibatch.cluster import layout as layouts
 from minibatch.cluster.layout import NodeLayout
 
 # Re-exported: callers that start and stop clusters (benches, tests) ask here.
-from minibatch.cluster.probe import Daemon as Daemon
-from minibatch.cluster.probe import pidfile_names
-from minibatch.cluster.probe import running as running
-from minibatch.cluster.probe import running_pid as running_pid
+from minibatch.cluster.probe import Daemon, pidfile_names, running, running_pid
 from minibatch.config import Config, Paths, mqtt_url
 from minibatch.errors import InvalidArgument, MinibatchError, Unavailable
 from minibatch.net.client import Client

@@ -35,6 +35,45 @@ from minibatch.policy.profile import Profile, Release
 from minibatch.policy.search import INF, Shape
 
 
+def releases(
+    snap: ClusterSnapshot,
+    names: Sequence[str],
+    plain: bool,
+    index: dict[str, int] | None = None,
+) -> list[list[Release]]:
+    """What each node of ``names`` gets back from the running jobs: (end, CPUs)
+    when ``plain``, else (end, CPUs, memory, GPUs); a job past its requested
+    end gives back *now*. ``index``: node name -> position (made if None)."""
+    now, running = snap.now, snap.running
+    if len(names) == 1 and plain:
+        # A flat pool of CPUs (the classic simulated machine): one
+        # comprehension, no per-node bookkeeping.
+        only = names[0]
+        return [
+            [
+                (e if (e := r.start_time + r.walltime) > now else now, cpus)
+                for r in running
+                for name, cpus in r.nodes
+                if name == only
+            ]
+        ]
+    if index is None:
+        index = {name: i for i, name in enumerate(names)}
+    out: list[list[Release]] = [[] for _ in names]
+    for r in running:
+        end = r.start_time + r.walltime
+        if end < now:
+            end = now
+        mem = r.mem_kb_per_node or 0
+        for name, cpus in r.nodes:
+            i = index.get(name)
+            if i is not None:  # a down or offline node gives nothing back
+                out[i].append(
+                    (end, cpus) if plain else (end, cpus, mem, r.gpus_per_node)
+                )
+    return out
+
+
 class Book:
     """The views one pass plans in, and placement across them.
 
@@ -100,36 +139,7 @@ class Book:
         general = self.general
         if general.built:
             return
-        now, running = self.now, self._snap.running
-        if len(self.names) == 1 and general.plain:
-            # A flat pool of CPUs (the classic simulated machine): one
-            # comprehension, no per-node bookkeeping.
-            only = self.names[0]
-            general.build(
-                [
-                    [
-                        (e if (e := r.start_time + r.walltime) > now else now, cpus)
-                        for r in running
-                        for name, cpus in r.nodes
-                        if name == only
-                    ]
-                ]
-            )
-            return
-        plain, index = general.plain, self.index
-        out: list[list[Release]] = [[] for _ in self.names]
-        for r in running:
-            end = r.start_time + r.walltime
-            if end < now:
-                end = now
-            mem = r.mem_kb_per_node or 0
-            for name, cpus in r.nodes:
-                i = index.get(name)
-                if i is not None:  # a down or offline node gives nothing back
-                    out[i].append(
-                        (end, cpus) if plain else (end, cpus, mem, r.gpus_per_node)
-                    )
-        general.build(out)
+        general.build(releases(self._snap, self.names, general.plain, self.index))
 
     def _reservations(self, active: Sequence[ReservationView]) -> None:
         general, now = self.general, self.now

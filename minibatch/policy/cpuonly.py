@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan, Start
 from minibatch.policy.base import NEVER, reserved_reason, waiting_reason
+from minibatch.policy.book import releases
 from minibatch.policy.planning import upcoming
 
 INF = float("inf")
@@ -179,40 +180,22 @@ def _earliest(
     its nodes, the extra CPUs (free at the shadow time, less the head's);
     None if ``count`` nodes never have ``ppn`` CPUs free."""
     now, nodes = snap.now, snap.nodes
-    releases: list[list[tuple[float, int]]] = [[] for _ in nodes]
-    if len(nodes) == 1:
-        only = nodes[0].name
-        releases[0] = [
-            (e if (e := r.start_time + r.walltime) > now else now, cpus)
-            for r in snap.running
-            for name, cpus in r.nodes
-            if name == only
-        ]
-    else:
-        index = {n.name: i for i, n in enumerate(nodes)}
-        for r in snap.running:
-            end = r.start_time + r.walltime
-            if end < now:
-                end = now
-            for name, cpus in r.nodes:
-                i = index.get(name)
-                if i is not None:  # a down or offline node gives nothing back
-                    releases[i].append((end, cpus))
+    steps_of = releases(snap, [n.name for n in nodes], plain=True)
     for end, i, cpus in ends:
-        releases[i].append((end, cpus))
+        steps_of[i].append((end, cpus))
     # Each node's first time with ``ppn`` CPUs free from now on (``now``
     # itself counts the releases of jobs past their requested end).
     first: list[tuple[float, int]] = []
-    for i, steps in enumerate(releases):
+    for i, steps in enumerate(steps_of):
         c = free[i]
         if c >= ppn:
             first.append((now, i))
             continue
         steps.sort()
-        for t, cpus in steps:
-            c += cpus
+        for step in steps:  # (end, CPUs): a plain profile's releases
+            c += step[1]
             if c >= ppn:
-                first.append((t, i))
+                first.append((step[0], i))
                 break
     if len(first) < count:
         return None
@@ -222,8 +205,6 @@ def _earliest(
     extra: dict[int, int] = {}
     for i in held:
         c = free[i] - ppn
-        for t, cpus in releases[i]:
-            if t <= shadow:
-                c += cpus
+        c += sum(step[1] for step in steps_of[i] if step[0] <= shadow)
         extra[i] = c
     return shadow, extra

@@ -33,13 +33,10 @@ from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan
 from minibatch.policy.backfill import Easy
 from minibatch.policy.base import Policy
 from minibatch.policy.fifo import Fifo
+from minibatch.policy.presets import ORDERED
 
 #: The presets this part adds, for the ``minibatch.policies`` entry points.
-PRESETS: dict[str, str] = {
-    "maui": "minibatch.policy.priority:Maui",
-    "fairshare": "minibatch.policy.fairshare:Fairshare",
-    "psp": "minibatch.policy.psp:Psp",
-}
+PRESETS = ORDERED
 
 
 def running_qos(run: object) -> str:

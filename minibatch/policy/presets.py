@@ -75,6 +75,22 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+#: The priority-ordered presets, registered by their own modules
+#: (:mod:`minibatch.policy.ordered`): name -> ``module:Class``.
+ORDERED: dict[str, str] = {
+    "maui": "minibatch.policy.priority:Maui",
+    "fairshare": "minibatch.policy.fairshare:Fairshare",
+    "psp": "minibatch.policy.psp:Psp",
+}
+
+#: Every policy minibatch ships, name -> ``module:Class``: its entry points in
+#: the ``minibatch.policies`` group (a test holds pyproject.toml to it).
+TARGETS: dict[str, str] = {
+    **{name: preset.target for name, preset in PRESETS.items()},
+    **ORDERED,
+}
+
+
 def describe() -> str:
     """One line per preset: name, what it is, its parameters."""
     lines = []

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from minibatch.errors import InvalidArgument
 from minibatch.policy.base import Policy
+from minibatch.policy.presets import TARGETS
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -31,19 +32,7 @@ GROUP = "minibatch.policies"
 #: the live policy, do not import importlib.metadata (email, zipfile, csv) and
 #: scan every installed package's entry points: ~15 ms of a 60 ms command. No
 #: other package can take one of these names.
-BUILTIN = {
-    "fifo": "minibatch.policy.fifo:Fifo",
-    "pbs-fifo": "minibatch.policy.pbsfifo:PbsFifo",
-    "easy": "minibatch.policy.backfill:Easy",
-    "conservative": "minibatch.policy.backfill:Conservative",
-    "backfill": "minibatch.policy.backfill:Backfill",
-    "bb": "minibatch.policy.balanced:BB",
-    "ibb": "minibatch.policy.balanced:IBB",
-    "maui": "minibatch.policy.priority:Maui",
-    "fairshare": "minibatch.policy.fairshare:Fairshare",
-    "psp": "minibatch.policy.psp:Psp",
-    "sd": "minibatch.policy.sd:SlowdownDriven",
-}
+BUILTIN = TARGETS
 
 
 def _installed() -> dict[str, EntryPoint]:

@@ -34,7 +34,7 @@ import psutil
 import pytest
 
 from minibatch.cli.render import job_record
-from minibatch.cluster import lifecycle, stopping
+from minibatch.cluster import lifecycle, probe, stopping
 from minibatch.cluster.layout import NodeLayout, plan_nodes, usable_cpus
 from minibatch.config import Config, NodeDaemonConfig, Paths, load
 from minibatch.net.client import Client
@@ -133,6 +133,17 @@ def environ_of(proc: psutil.Process) -> dict[str, str] | None:
         return None
 
 
+def bench_leftovers(tmp: str) -> list[psutil.Process]:
+    """Processes of a bench cluster whose home the bench made in ``tmp`` (its
+    ``TMPDIR``): other benches may run meanwhile, in homes of their own."""
+    home = os.path.join(tmp, "mb-bench-")
+    return [
+        p
+        for p in psutil.process_iter()
+        if (environ_of(p) or {}).get("MB_HOME", "").startswith(home)
+    ]
+
+
 def procs_with(home: Path, **match: str) -> list[psutil.Process]:
     """Live (non-zombie) processes whose environment has ``MB_HOME=home`` and
     every ``match`` variable (e.g. ``MB_JOBID="7"``)."""
@@ -196,7 +207,7 @@ class Cluster:
         names += [f"node-{n.name}" for n in self.layout]
         out = {}
         for name in names:
-            pid = lifecycle.running_pid(self.paths, lifecycle.Daemon(name))
+            pid = probe.running_pid(self.paths, probe.Daemon(name))
             if pid is not None:
                 out[name] = pid
         self.seen_pids.update(out.values())

@@ -6,13 +6,12 @@ by the benchmark itself, never asserted in tests), only that each was taken.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 
-import psutil
 import pytest
+from conftest import bench_leftovers
 
 from minibatch.bench import commands
 
@@ -58,13 +57,5 @@ def test_every_command_is_measured_and_nothing_is_left(tmp: str) -> None:
     table = commands.render(result)
     assert all(label in table for label in measured)
     # The cluster it started is gone: no process has its home as MB_HOME.
-    home = os.path.join(tmp, "mb-bench-")
-    left = [p for p in psutil.process_iter() if bench_home(p).startswith(home)]
+    left = bench_leftovers(tmp)
     assert not left, left
-
-
-def bench_home(proc: psutil.Process) -> str:
-    try:
-        return str(proc.environ().get("MB_HOME", ""))
-    except psutil.Error:
-        return ""  # gone meanwhile, or not ours to read

@@ -6,7 +6,6 @@ never asserted in tests), only that each one was taken.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -15,9 +14,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import pytest
-from conftest import BIN
+from conftest import BIN, bench_leftovers
 
 from minibatch.bench import curve, load
 
@@ -41,17 +39,6 @@ def bench_load(tmp: str, *args: str) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stderr
     result: dict[str, Any] = json.loads(proc.stdout)
     return result
-
-
-def leftovers(tmp: str) -> list[psutil.Process]:
-    """Processes in the home of a bench run with ``bench_load(tmp, ...)``."""
-    bench_home = os.path.join(tmp, "mb-bench-")
-    left = []
-    for p in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if p.environ().get("MB_HOME", "").startswith(bench_home):
-                left.append(p)
-    return left
 
 
 @pytest.fixture
@@ -87,7 +74,7 @@ def test_the_benchmark_measures_everything_and_leaves_nothing(tmp: str) -> None:
     assert result["server_rss_mb_after"] > 0
     assert "p99 ms" in load.render(result)
     # The cluster and the client processes (all in the bench's MB_HOME) are gone.
-    assert not leftovers(tmp)
+    assert not bench_leftovers(tmp)
 
 
 def test_the_curve_measures_each_depth_and_leaves_nothing(tmp: str) -> None:
@@ -103,4 +90,4 @@ def test_the_curve_measures_each_depth_and_leaves_nothing(tmp: str) -> None:
         assert set(p["ms"]) == set(p["cpu_ms"]) == labels, p
         assert all(v > 0 for v in p["ms"].values()), p
     assert "drain/s" in curve.render(result)
-    assert not leftovers(tmp)
+    assert not bench_leftovers(tmp)

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from conftest import BIN, make_home, procs_with
 
-from minibatch.cluster import lifecycle
+from minibatch.cluster import lifecycle, probe
 from minibatch.config import Paths
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -104,7 +104,7 @@ def test_mb_demo_runs_two_policies_side_by_side(home: Path) -> None:
             assert (run / plot).stat().st_size > 0
     assert (home / "result" / "demo.txt").read_text() in out
     assert procs_with(home) == [], "mb demo left processes behind"
-    assert lifecycle.running_pid(Paths(home), lifecycle.Daemon("server")) is None
+    assert probe.running_pid(Paths(home), probe.Daemon("server")) is None
 
 
 def test_mb_demo_tour_runs_its_workload_and_stops_clean(home: Path) -> None:
@@ -128,4 +128,4 @@ def test_mb_demo_tour_runs_its_workload_and_stops_clean(home: Path) -> None:
     assert re.search(r"\$ mb down\nstopped .*broker", out), out
 
     assert procs_with(home) == [], "mb demo left processes behind"
-    assert lifecycle.running_pid(Paths(home), lifecycle.Daemon("server")) is None
+    assert probe.running_pid(Paths(home), probe.Daemon("server")) is None
