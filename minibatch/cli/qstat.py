@@ -208,24 +208,33 @@ def qstat_command(
     if server:
         _server(full=full, as_json=as_json)
         return
-    bare = not (job_ids or alt or full or user or finished or tasks or nodes)
-    bare = bare and not (comments or running or idle or as_json)
+    users = [u for u in (user or "").split(",") if u]
+    # As in Torque, -u, -r and -i select the long layout.
+    alt = alt or bool(users) or running or idle
+    # The plain tables come as rows (minibatch/server/listing.py).
+    plain = not (job_ids or full or finished or tasks or nodes or comments)
+    plain = plain and not (running or idle or as_json) and len(users) <= 1
     with common.reporting("qstat"):
         selectors = [common.parse_selector(s) for s in job_ids or []]
-        users = [u for u in (user or "").split(",") if u]
-        from minibatch.protocol.messages import ROW, JobRows, QueryJobs
+        from minibatch.protocol.messages import ALT_ROW, ROW, JobRows, QueryJobs
 
         query = QueryJobs(
             selectors=selectors,
             # One user is filtered by the server; several are filtered here.
             user=users[0] if len(users) == 1 else None,
             finished=finished or bool(selectors),
-            rows=bare,
+            rows=plain,
+            alt=plain and alt,
         )
-        if bare:
-            # Only the table's rows (minibatch/server/listing.py), unless the
-            # server is of a version that sends jobs.
+        if plain:
             reply = common.call(query)
+            if isinstance(reply, JobRows) and alt:
+                table = msgspec.msgpack.decode(reply.rows, type=ALT_ROW)
+                server_name = os.uname().nodename
+                sys.stdout.write(
+                    render.qstat_alt_table(table, time.time(), server_name)
+                )
+                return
             if isinstance(reply, JobRows):
                 rows = msgspec.msgpack.decode(reply.rows, type=ROW)
                 sys.stdout.write(render.qstat_default_table(rows))
@@ -248,8 +257,7 @@ def qstat_command(
         render_jobs(
             jobs,
             now=time.time(),
-            # As in Torque, -u, -r and -i select the long layout.
-            alt=alt or bool(users) or running or idle,
+            alt=alt,
             full=full,
             as_json=as_json,
             server=os.uname().nodename,

@@ -152,28 +152,51 @@ def qstat_default_table(rows: Sequence[Sequence[str]]) -> str:
 
 def qstat_alt(jobs: Sequence[Job], now: float, server: str = "") -> str:
     """``qstat -a``: requested memory and time, nodes/tasks and elapsed time."""
-    if not jobs:
+    return qstat_alt_table([qstat_alt_row(j) for j in jobs], now, server)
+
+
+AltRow = tuple[
+    str, str, str, str, str, str, str, str, str, str, float | None, float | None
+]
+
+
+def qstat_alt_row(j: Job) -> AltRow:
+    """One line of ``qstat -a`` but its elapsed time: the cells, then the
+    start and end it is computed from when printed. The server sends these for
+    a plain ``qstat -a`` (or ``-u USER``)."""
+    req = j.request
+    session = "--" if j.session_id is None else str(j.session_id)
+    return (
+        j.display_id,
+        j.user,
+        j.queue or QUEUE,
+        j.name,
+        session,
+        str(req.nodes),
+        str(req.cpus),
+        format_size_kb(req.mem_kb),
+        format_duration(req.walltime),
+        letter(j),
+        j.start_time,
+        j.end_time,
+    )
+
+
+def qstat_alt_table(rows: Sequence[AltRow], now: float, server: str = "") -> str:
+    """``qstat -a``'s table of :func:`qstat_alt_row` rows; empty for none."""
+    if not rows:
         return ""
     headers = [
         ("", "", "", "", "", "", "", "Req'd", "Req'd", "", "Elap"),
         ("Job ID", "Username", "Queue", "Jobname", "SessID", "NDS", "TSK")
         + ("Memory", "Time", "S", "Time"),
     ]
-    rows = []
-    for j in jobs:
-        req, ran = j.request, elapsed(j, now)
-        session = "--" if j.session_id is None else str(j.session_id)
-        cells = [j.display_id, j.user, j.queue or QUEUE, j.name, session]
-        cells.append(str(req.nodes))
-        cells += [
-            str(req.cpus),
-            format_size_kb(req.mem_kb),
-            format_duration(req.walltime),
-        ]
-        cells += [letter(j), "--" if ran is None else format_duration(ran)]
-        rows.append(cells)
+    lines = []
+    for *cells, start, end in rows:
+        ran = None if start is None else (now if end is None else end) - start
+        lines.append([*cells, "--" if ran is None else format_duration(ran)])
     widths = (23, 11, 8, 16, 6, 5, 6, 9, 9, 1, 9)
-    table = _table(headers, rows, widths, right={4, 5, 6, 7, 8, 10})
+    table = _table(headers, lines, widths, right={4, 5, 6, 7, 8, 10})
     return f"\n{server}:\n{table}" if server else table
 
 

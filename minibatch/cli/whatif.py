@@ -39,7 +39,7 @@ def whatif_command(
     as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """Predicted starts and mean wait under POLICY next to the current policy."""
-    from minibatch.protocol.messages import GetSnapshot, SnapshotReply
+    from minibatch.protocol.scheduling import GetSnapshot, SnapshotReply
     from minibatch.sim.whatif import whatif
 
     with common.reporting(PROG):

@@ -1,21 +1,25 @@
 """The blocking request/reply client the commands use.
 
-One DEALER socket, ``LINGER=0``, a receive timeout, and a clean
-:class:`Unavailable` error when the server does not answer. It imports nothing of
-asyncio: ``qsub`` must start fast. The daemons use :mod:`minibatch.net.aio`.
-zmq is imported when a :class:`Client` opens, not with this module.
+On the server's host, the commands' unix socket (:mod:`minibatch.net.stream`);
+from another host, one DEALER socket with CURVE. A receive timeout, and a clean
+:class:`Unavailable` error when the server does not answer. It imports nothing
+of asyncio, and zmq only for tcp: ``qsub`` must start fast. The daemons use
+:mod:`minibatch.net.aio`.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Self
+import time
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from minibatch.errors import RemoteError, Unavailable
+from minibatch.net.stream import HEADER, command_path
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import Error, Message
 
 if TYPE_CHECKING:
+    import socket
     from pathlib import Path
 
     import zmq
@@ -50,12 +54,10 @@ def _secure(sock: zmq.Socket[bytes], keys: Path | None) -> zmq.Socket[bytes]:
 
 
 class Client:
-    """A connection to ``endpoint``; over tcp with the CURVE keys in ``keys``
-    (default ``$MB_HOME/keys``, see :mod:`minibatch.net.keys`).
-
-    :meth:`call` does not depend on how frames travel: a subclass may carry
-    them otherwise (:meth:`_open`, :meth:`_send`, :meth:`_recv`, :meth:`close`).
-    """
+    """A connection to ``endpoint``: the commands' unix socket beside an ipc
+    endpoint (:mod:`minibatch.net.stream`), or a DEALER over tcp with the
+    CURVE keys in ``keys`` (default ``$MB_HOME/keys``, see
+    :mod:`minibatch.net.keys`)."""
 
     def __init__(
         self, endpoint: str, timeout: float = 10.0, keys: Path | None = None
@@ -63,43 +65,167 @@ class Client:
         self.endpoint = endpoint
         self.timeout = timeout
         self._ids = itertools.count(1)
-        self._open(keys)
+        path = command_path(endpoint)
+        self._wire: _Wire = (
+            _Stream(path, endpoint, timeout)
+            if path is not None
+            else _Dealer(endpoint, timeout, keys)
+        )
 
     def call(self, body: Message) -> Any:
         """Send ``body`` and return the reply body; raise on an error reply."""
         rid = next(self._ids)
         request = encode(body, rid)
-        self._send(request)
+        self._wire.send(request)
         while True:
-            env = decode(self._recv(len(request)))
-            if env.re == rid:
+            env = decode(self._wire.recv(len(request)))
+            # A reply to an earlier call that timed out is passed over; an
+            # error that names no request is about this one (the server could
+            # not read its id, or refused its size).
+            if env.re == rid or (env.re == 0 and isinstance(env.body, Error)):
                 break
         if isinstance(env.body, Error):
             raise RemoteError(env.body.code, env.body.message)
         return env.body
 
-    def _open(self, keys: Path | None) -> None:
+    def close(self) -> None:
+        self._wire.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Wire(Protocol):
+    def send(self, request: bytes) -> None: ...
+
+    def recv(self, sent: int) -> bytes:
+        """The next message; :func:`unreachable` (``sent``: the request's size)
+        when none comes within the timeout."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _Stream:
+    """The commands' unix socket: no pyzmq to import, and a server that is
+    not there (or dies) is known at once, not after the timeout. Like a
+    DEALER it connects when there is something to send, and again after the
+    server went away, so a client may be made before the server is up."""
+
+    def __init__(self, path: str, endpoint: str, timeout: float) -> None:
+        self.path, self.endpoint, self.timeout = path, endpoint, timeout
+        self._deadline = 0.0
+        self._sock: socket.socket | None = None
+
+    def _connect(self) -> socket.socket:
+        import socket
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        while True:
+            try:
+                sock.connect(self.path)
+                return sock
+            except BlockingIOError:  # its backlog is full: it is busy, not gone
+                if time.monotonic() > self._deadline:
+                    sock.close()
+                    raise unreachable(self.endpoint, self.timeout) from None
+                time.sleep(0.01)
+            except (FileNotFoundError, ConnectionRefusedError):
+                sock.close()
+                raise Unavailable(
+                    f"no minibatch server at {self.endpoint} (is the cluster up? "
+                    "try `mb up`)"
+                ) from None
+            except OSError as exc:
+                sock.close()
+                raise Unavailable(
+                    f"cannot reach the minibatch server at {self.endpoint}: "
+                    f"{exc.strerror}"
+                ) from None
+
+    def send(self, request: bytes) -> None:
+        self._deadline = time.monotonic() + self.timeout
+        if self._sock is None:
+            self._sock = self._connect()
+        try:
+            self._sock.sendall(HEADER.pack(len(request)) + request)
+        except TimeoutError:
+            raise unreachable(self.endpoint, self.timeout, len(request)) from None
+        except OSError:
+            # The server closed the connection: a refusal may be waiting to be
+            # read, or the end of the connection, which recv reports.
+            pass
+
+    def recv(self, sent: int) -> bytes:
+        try:
+            (size,) = HEADER.unpack(self._read(HEADER.size, sent))
+            return bytes(self._read(size, sent))
+        except Unavailable:
+            self.close()  # the next call connects again
+            raise
+
+    def _read(self, size: int, sent: int) -> bytearray:
+        assert self._sock is not None
+        data = bytearray(size)
+        view = memoryview(data)
+        got = 0
+        while got < size:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise unreachable(self.endpoint, self.timeout, sent)
+            self._sock.settimeout(left)
+            try:
+                n = self._sock.recv_into(view[got:])
+            except TimeoutError:
+                raise unreachable(self.endpoint, self.timeout, sent) from None
+            except ConnectionResetError:
+                n = 0
+            except OSError as exc:
+                raise Unavailable(
+                    f"the minibatch server at {self.endpoint}: {exc.strerror}"
+                ) from None
+            if not n:
+                raise Unavailable(
+                    f"the minibatch server at {self.endpoint} closed the "
+                    "connection without an answer (did it stop?)"
+                )
+            got += n
+        return data
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+class _Dealer:
+    """A DEALER socket, with CURVE over tcp."""
+
+    def __init__(self, endpoint: str, timeout: float, keys: Path | None) -> None:
         import zmq
 
+        self.endpoint, self.timeout = endpoint, timeout
         self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.RCVTIMEO, int(self.timeout * 1000))
+        self._sock.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
         #: Reports the tcp handshake, so that a refused key is said at once.
         self._monitor: zmq.Socket[bytes] | None = None
-        if self.endpoint.startswith("tcp://"):
+        if endpoint.startswith("tcp://"):
             try:
                 self._monitor = _secure(self._sock, keys)
             except BaseException:
                 self._sock.close(0)
                 raise
-        self._sock.connect(self.endpoint)
+        self._sock.connect(endpoint)
 
-    def _send(self, request: bytes) -> None:
+    def send(self, request: bytes) -> None:
         self._sock.send(request)
 
-    def _recv(self, sent: int) -> bytes:
-        """The next frame; :func:`unreachable` (``sent``: the request's size)
-        when none comes within the timeout."""
+    def recv(self, sent: int) -> bytes:
         import zmq
 
         try:
@@ -120,9 +246,3 @@ class Client:
             self._sock.disable_monitor()
             self._monitor.close(0)
         self._sock.close(0)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

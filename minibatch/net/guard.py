@@ -29,6 +29,7 @@ import os
 import socket
 import struct
 from collections import Counter
+from collections.abc import Hashable
 
 import zmq
 
@@ -87,16 +88,16 @@ def shut_down(fd: int) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
-class ConnectionGuard:
-    """Caps the connections of each uid (``per_user``), and of everyone
-    (``total``, below the descriptor limit), on ``sock``; ``exempt`` uids
-    (root, the daemons' own) only count towards the total. Made before
-    ``sock`` is bound: a connection accepted before the monitor's pipe is
-    connected would go uncounted."""
+class Caps:
+    """The connections each uid (a tcp peer: its address) holds, capped at
+    ``per_user``, and everyone's, capped at ``total`` (below the descriptor
+    limit); ``exempt`` uids (root, the daemons' own) only count towards the
+    total. One budget for all of a server's listeners: each names its
+    connections by keys of its own (:class:`ConnectionGuard`: libzmq's
+    descriptor numbers; :mod:`minibatch.net.local`: its own)."""
 
     def __init__(
         self,
-        sock: zmq.Socket[bytes],
         *,
         per_user: int,
         total: int,
@@ -105,10 +106,50 @@ class ConnectionGuard:
     ) -> None:
         self.per_user, self.total, self.exempt = per_user, total, exempt
         self.complaints = complaints
-        #: Each tracked connection's descriptor and uid (a tcp peer's
-        #: address), and the count per uid (or address).
-        self.conns: dict[int, int | str] = {}
+        #: Each tracked connection's uid (or address) by its key, and the count
+        #: per uid (or address).
+        self.conns: dict[Hashable, int | str] = {}
         self.by_uid: Counter[int | str] = Counter()
+
+    def admit(self, key: Hashable, uid: int | str) -> bool:
+        """Count the connection ``key`` of ``uid``; False (said in the log)
+        when a cap refuses it."""
+        who = f"uid {uid}" if isinstance(uid, int) else f"host {uid}"
+        if len(self.conns) >= self.total:
+            self.complaints.warning(
+                "closed a connection of %s: %d are open, the most the "
+                "open file limit leaves room for",
+                who,
+                len(self.conns),
+            )
+            return False
+        if uid not in self.exempt and self.by_uid[uid] >= self.per_user:
+            self.complaints.warning(
+                "closed a connection of %s: it has %d open, the most one "
+                "user may have ([server] max_connections_per_user)",
+                who,
+                self.by_uid[uid],
+            )
+            return False
+        self.conns[key] = uid
+        self.by_uid[uid] += 1
+        return True
+
+    def forget(self, key: Hashable) -> None:
+        uid = self.conns.pop(key, None)
+        if uid is not None:
+            self.by_uid[uid] -= 1
+            if not self.by_uid[uid]:
+                del self.by_uid[uid]
+
+
+class ConnectionGuard:
+    """Applies ``caps`` to the connections libzmq accepts on ``sock``. Made
+    before ``sock`` is bound: a connection accepted before the monitor's pipe
+    is connected would go uncounted."""
+
+    def __init__(self, sock: zmq.Socket[bytes], caps: Caps) -> None:
+        self.caps = caps
         address = f"inproc://guard-{id(self)}"
         sock.monitor(address, _EVENTS)
         self._sock = sock
@@ -134,43 +175,15 @@ class ConnectionGuard:
             if len(frames) != 2 or len(frames[0].bytes) != _EVENT.size:
                 continue
             event, fd = _EVENT.unpack(frames[0].bytes)
-            self._forget(fd)
+            self.caps.forget(fd)
             if event == zmq.EVENT_ACCEPTED:
                 self.accepted(fd)
-
-    def _forget(self, fd: int) -> None:
-        uid = self.conns.pop(fd, None)
-        if uid is not None:
-            self.by_uid[uid] -= 1
-            if not self.by_uid[uid]:
-                del self.by_uid[uid]
 
     def accepted(self, fd: int) -> None:
         """Count the connection on ``fd``, or shut it down if over a cap."""
         uid = peer_uid(fd)
-        if uid is None:
-            return
-        who = f"uid {uid}" if isinstance(uid, int) else f"host {uid}"
-        if len(self.conns) >= self.total:
+        if uid is not None and not self.caps.admit(fd, uid):
             shut_down(fd)
-            self.complaints.warning(
-                "closed a connection of %s: %d are open, the most the "
-                "open file limit leaves room for",
-                who,
-                len(self.conns),
-            )
-            return
-        if uid not in self.exempt and self.by_uid[uid] >= self.per_user:
-            shut_down(fd)
-            self.complaints.warning(
-                "closed a connection of %s: it has %d open, the most one "
-                "user may have ([server] max_connections_per_user)",
-                who,
-                self.by_uid[uid],
-            )
-            return
-        self.conns[fd] = uid
-        self.by_uid[uid] += 1
 
 
 def listen(
@@ -187,12 +200,12 @@ def listen(
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
-    guard = ConnectionGuard(
-        sock,
+    caps = Caps(
         per_user=per_user,
         total=max(1, fd_limit - RESERVED_FDS),
         exempt=frozenset({0, os.getuid()}),
         complaints=complaints,
     )
+    guard = ConnectionGuard(sock, caps)
     sock.bind(endpoint)
     return sock, guard

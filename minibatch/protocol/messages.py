@@ -7,15 +7,13 @@ Requests get exactly one reply: the reply named in the request's docstring, or
 removing one bumps ``PROTOCOL_VERSION``.
 
 Roles: *clients* (the commands) send the client requests; the *scheduler* sends
-``SchedHello``, ``GetSnapshot`` and ``ApplyPlan`` and receives ``Wake``; a *node*
+``SchedHello``, ``GetSnapshot`` and ``ApplyPlan`` and receives ``Wake`` (those are
+in :mod:`minibatch.protocol.scheduling`, and in :data:`Message`); a *node*
 sends ``NodeHello``, ``Heartbeat``, ``JobStarted``, ``JobResized`` and
 ``JobEnded`` and receives ``Launch``, ``ResizeJob``, ``Kill`` and ``Signal``.
 """
 
-# No ``from __future__ import annotations`` in the modules that define wire
-# Structs (here, core.job, core.snapshot, core.reservation, codec): msgspec would
-# have to compile and evaluate every field's annotation string when a command
-# builds its decoder, about 8 ms of each command's start-up.
+# No ``from __future__ import annotations`` here: see minibatch.protocol.base.
 
 from typing import Any
 
@@ -23,21 +21,25 @@ import msgspec
 
 from minibatch.core.job import Job, JobOptions, JobResult, JobSpec
 from minibatch.core.reservation import Reservation
-from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan
-
-
-class _Msg(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
-    pass
-
+from minibatch.core.snapshot import ClusterSnapshot
+from minibatch.protocol.base import Msg
+from minibatch.protocol.scheduling import (
+    ApplyPlan,
+    GetSnapshot,
+    PlanResult,
+    SchedHello,
+    SnapshotReply,
+    Wake,
+)
 
 # ----------------------------------------------------------------- replies
 
 
-class Ok(_Msg, frozen=True, kw_only=True, tag="ok"):
+class Ok(Msg, frozen=True, kw_only=True, tag="ok"):
     pass
 
 
-class Error(_Msg, frozen=True, kw_only=True, tag="error"):
+class Error(Msg, frozen=True, kw_only=True, tag="error"):
     code: int
     message: str
 
@@ -45,11 +47,11 @@ class Error(_Msg, frozen=True, kw_only=True, tag="error"):
 # --------------------------------------------------------- client requests
 
 
-class Status(_Msg, frozen=True, kw_only=True, tag="status"):
+class Status(Msg, frozen=True, kw_only=True, tag="status"):
     """-> ServerStatus"""
 
 
-class ServerStatus(_Msg, frozen=True, kw_only=True, tag="server_status"):
+class ServerStatus(Msg, frozen=True, kw_only=True, tag="server_status"):
     pid: int
     endpoint: str
     mqtt_url: str
@@ -62,7 +64,7 @@ class ServerStatus(_Msg, frozen=True, kw_only=True, tag="server_status"):
     events: dict[str, int] = {}
 
 
-class Submit(_Msg, frozen=True, kw_only=True, tag="submit"):
+class Submit(Msg, frozen=True, kw_only=True, tag="submit"):
     """-> Submitted. ``qsub``: one job, or one per index of ``spec.array``;
     ``test_only``: every check, nothing queued (no ids)."""
 
@@ -70,7 +72,7 @@ class Submit(_Msg, frozen=True, kw_only=True, tag="submit"):
     test_only: bool = False
 
 
-class Submitted(_Msg, frozen=True, kw_only=True, tag="submitted"):
+class Submitted(Msg, frozen=True, kw_only=True, tag="submitted"):
     ids: list[int]
     display: str
     #: What the server changed or ignored and why (an unknown queue, say): one
@@ -78,7 +80,7 @@ class Submitted(_Msg, frozen=True, kw_only=True, tag="submitted"):
     notes: list[str] = []
 
 
-class QueryJobs(_Msg, frozen=True, kw_only=True, tag="query_jobs"):
+class QueryJobs(Msg, frozen=True, kw_only=True, tag="query_jobs"):
     """-> JobList. Selectors are ``7``, ``7[]`` (a whole array) or ``7[2]``."""
 
     selectors: list[str] = []
@@ -87,21 +89,29 @@ class QueryJobs(_Msg, frozen=True, kw_only=True, tag="query_jobs"):
     active: bool = True
     since: float | None = None
     #: Only what a bare ``qstat`` prints (the reply is then :class:`JobRows`),
-    #: when no ids are named: 100,000 jobs are then a few MB, not 60.
+    #: when no ids are named and no finished jobs asked for: 100,000 jobs are
+    #: then a few MB, not 60. With ``alt``, what ``qstat -a`` prints (also of
+    #: one ``user``).
     rows: bool = False
+    alt: bool = False
 
 
-class JobRows(_Msg, frozen=True, kw_only=True, tag="job_rows"):
+class JobRows(Msg, frozen=True, kw_only=True, tag="job_rows"):
     """A bare ``qstat``'s table: msgpack of a list of ``[id, name, user, time
-    use, state letter, queue]``, arrays summed up, in id order. Raw, so the
-    server encodes it once per change of the jobs and the client decodes it
-    with the row type (:data:`ROW`)."""
+    use, state letter, queue]`` (:data:`ROW`; ``qstat -a``'s: :data:`ALT_ROW`),
+    arrays summed up, in id order. Raw, so the server encodes it once per
+    change of the jobs and the client decodes it with the row type."""
 
     rows: msgspec.Raw
 
 
 #: The type of :attr:`JobRows.rows`.
 ROW = list[tuple[str, str, str, str, str, str]]
+#: ... when asked with ``alt``: ten cells of ``qstat -a``, then the start and
+#: end time its elapsed time is computed from.
+ALT_ROW = list[
+    tuple[str, str, str, str, str, str, str, str, str, str, float | None, float | None]
+]
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,14 +122,14 @@ class Refusal(msgspec.Struct, frozen=True, kw_only=True):
     message: str
 
 
-class JobList(_Msg, frozen=True, kw_only=True, tag="job_list"):
+class JobList(Msg, frozen=True, kw_only=True, tag="job_list"):
     jobs: list[Job]
     #: Requests that act on each id on its own (PBS's qdel 13 14): the ids
     #: refused, while ``jobs`` are those acted on.
     refused: list[Refusal] = []
 
 
-class JobControl(_Msg, frozen=True, kw_only=True, tag="job_control"):
+class JobControl(Msg, frozen=True, kw_only=True, tag="job_control"):
     """-> JobList of the jobs changed. ``action``: cancel, hold or release."""
 
     action: str
@@ -129,7 +139,7 @@ class JobControl(_Msg, frozen=True, kw_only=True, tag="job_control"):
     each: bool = False
 
 
-class Alter(_Msg, frozen=True, kw_only=True, tag="alter"):
+class Alter(Msg, frozen=True, kw_only=True, tag="alter"):
     """-> JobList. ``qalter`` of a pending job; of a running malleable job,
     ``ncpus`` resizes it (its owner within its range, or an operator)."""
 
@@ -157,17 +167,17 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     real_cpus: dict[int, int] = {}
 
 
-class QueryNodes(_Msg, frozen=True, kw_only=True, tag="query_nodes"):
+class QueryNodes(Msg, frozen=True, kw_only=True, tag="query_nodes"):
     """-> NodeList"""
 
     names: list[str] = []
 
 
-class NodeList(_Msg, frozen=True, kw_only=True, tag="node_list"):
+class NodeList(Msg, frozen=True, kw_only=True, tag="node_list"):
     nodes: list[NodeInfo]
 
 
-class SetNodeOffline(_Msg, frozen=True, kw_only=True, tag="set_node_offline"):
+class SetNodeOffline(Msg, frozen=True, kw_only=True, tag="set_node_offline"):
     """-> NodeList. ``pbsnodes -o`` / ``-c``; operators only."""
 
     names: list[str]
@@ -179,7 +189,7 @@ class SetNodeOffline(_Msg, frozen=True, kw_only=True, tag="set_node_offline"):
 # were refused and why, the others are done.
 
 
-class SignalJob(_Msg, frozen=True, kw_only=True, tag="signal_job"):
+class SignalJob(Msg, frozen=True, kw_only=True, tag="signal_job"):
     """-> JobList. ``qsig``: send ``signal`` (a name or number) to every process
     of each running job; its owner or an operator."""
 
@@ -187,14 +197,14 @@ class SignalJob(_Msg, frozen=True, kw_only=True, tag="signal_job"):
     signal: str = "SIGTERM"
 
 
-class Rerun(_Msg, frozen=True, kw_only=True, tag="rerun"):
+class Rerun(Msg, frozen=True, kw_only=True, tag="rerun"):
     """-> JobList. ``qrerun``; operators only: kill each running job and queue
     it again under the same id (refused for a job submitted with ``-r n``)."""
 
     selectors: list[str]
 
 
-class MoveJob(_Msg, frozen=True, kw_only=True, tag="move_job"):
+class MoveJob(Msg, frozen=True, kw_only=True, tag="move_job"):
     """-> JobList. ``qmove``: pending jobs go to ``queue`` (its limits and
     users apply); their owner or an operator."""
 
@@ -202,7 +212,7 @@ class MoveJob(_Msg, frozen=True, kw_only=True, tag="move_job"):
     selectors: list[str]
 
 
-class QueryQueues(_Msg, frozen=True, kw_only=True, tag="query_queues"):
+class QueryQueues(Msg, frozen=True, kw_only=True, tag="query_queues"):
     """-> QueueList. ``qstat -Q``/``-q``; no names means all."""
 
     names: list[str] = []
@@ -224,11 +234,11 @@ class QueueInfo(msgspec.Struct, frozen=True, kw_only=True):
     jobs: dict[str, int] = {}
 
 
-class QueueList(_Msg, frozen=True, kw_only=True, tag="queue_list"):
+class QueueList(Msg, frozen=True, kw_only=True, tag="queue_list"):
     queues: list[QueueInfo]
 
 
-class TraceJob(_Msg, frozen=True, kw_only=True, tag="trace_job"):
+class TraceJob(Msg, frozen=True, kw_only=True, tag="trace_job"):
     """-> JobTrace. ``tracejob``: each job's event log, finished jobs too."""
 
     selector: str
@@ -241,7 +251,7 @@ class TraceEvent(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""
 
 
-class JobTrace(_Msg, frozen=True, kw_only=True, tag="job_trace"):
+class JobTrace(Msg, frozen=True, kw_only=True, tag="job_trace"):
     jobs: list[Job]
     #: Oldest first, job by job.
     events: list[TraceEvent]
@@ -250,7 +260,7 @@ class JobTrace(_Msg, frozen=True, kw_only=True, tag="job_trace"):
 # ------------------------------------------------- reservations and policy
 
 
-class SetReservation(_Msg, frozen=True, kw_only=True, tag="set_reservation"):
+class SetReservation(Msg, frozen=True, kw_only=True, tag="set_reservation"):
     """-> ReservationList (the new one). ``setres``; operators only.
 
     Exactly one of ``nodes`` (whole nodes by name), ``node_count`` (that many
@@ -268,19 +278,19 @@ class SetReservation(_Msg, frozen=True, kw_only=True, tag="set_reservation"):
     comment: str = ""
 
 
-class QueryReservations(_Msg, frozen=True, kw_only=True, tag="query_reservations"):
+class QueryReservations(Msg, frozen=True, kw_only=True, tag="query_reservations"):
     """-> ReservationList. ``showres``; no names means all."""
 
     names: list[str] = []
 
 
-class ReleaseReservation(_Msg, frozen=True, kw_only=True, tag="release_reservation"):
+class ReleaseReservation(Msg, frozen=True, kw_only=True, tag="release_reservation"):
     """-> ReservationList (the released ones). ``releaseres``; operators only."""
 
     names: list[str]
 
 
-class ReservationList(_Msg, frozen=True, kw_only=True, tag="reservation_list"):
+class ReservationList(Msg, frozen=True, kw_only=True, tag="reservation_list"):
     reservations: list[Reservation]
     #: The server's clock when it answered.
     now: float = 0.0
@@ -288,18 +298,18 @@ class ReservationList(_Msg, frozen=True, kw_only=True, tag="reservation_list"):
     cancelled: list[int] = []
 
 
-class SetPolicy(_Msg, frozen=True, kw_only=True, tag="set_policy"):
+class SetPolicy(Msg, frozen=True, kw_only=True, tag="set_policy"):
     """-> PolicyInfo. ``mb policy set``; operators only. Applies from the next pass."""
 
     name: str
     params: dict[str, Any] = {}
 
 
-class GetPolicy(_Msg, frozen=True, kw_only=True, tag="get_policy"):
+class GetPolicy(Msg, frozen=True, kw_only=True, tag="get_policy"):
     """-> PolicyInfo"""
 
 
-class PolicyInfo(_Msg, frozen=True, kw_only=True, tag="policy_info"):
+class PolicyInfo(Msg, frozen=True, kw_only=True, tag="policy_info"):
     name: str
     params: dict[str, Any]
     #: When and by whom it was set ("" and 0: the configuration's default).
@@ -312,11 +322,11 @@ class PolicyInfo(_Msg, frozen=True, kw_only=True, tag="policy_info"):
     available: list[str] = []
 
 
-class Diagnose(_Msg, frozen=True, kw_only=True, tag="diagnose"):
+class Diagnose(Msg, frozen=True, kw_only=True, tag="diagnose"):
     """-> DiagnoseReply: what ``showq``, ``checkjob`` and ``diagnose`` compute from."""
 
 
-class DiagnoseReply(_Msg, frozen=True, kw_only=True, tag="diagnose_reply"):
+class DiagnoseReply(Msg, frozen=True, kw_only=True, tag="diagnose_reply"):
     snapshot: ClusterSnapshot
     policy: str
     params: dict[str, Any]
@@ -326,89 +336,10 @@ class DiagnoseReply(_Msg, frozen=True, kw_only=True, tag="diagnose_reply"):
     fairshare: dict[str, Any] = {}
 
 
-# ------------------------------------------------------------- scheduler
-
-
-class SchedHello(_Msg, frozen=True, kw_only=True, tag="sched_hello"):
-    """-> Ok. Registers the sender as the scheduler that receives ``Wake``."""
-
-    pid: int
-    policy: str
-    #: The policy the server named that it keeps not running, and why (it
-    #: failed to load or to plan); "" when it runs the server's choice.
-    refused: str = ""
-
-
-class PendingDelta(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
-    """How the queue changed since the scheduler's copy of it, version ``base``.
-
-    With ``base`` -1 the snapshot's ``pending`` is the queue as it is (version
-    ``version``); otherwise ``pending`` is empty and the scheduler rebuilds it
-    from its copy: ``removed`` ids out, ``added`` views in (replacing any of the
-    same id), in rank order (:mod:`minibatch.scheduler.mirror`). A deep queue
-    then costs a pass what changed, not the whole queue.
-    """
-
-    version: int
-    base: int = -1
-    removed: list[int] = []
-    added: list[PendingView] = []
-
-
-class Wake(_Msg, frozen=True, kw_only=True, tag="wake"):
-    """Server -> scheduler: state changed; plan this snapshot. No reply.
-
-    Carrying the snapshot saves the scheduler a round trip per pass; without one
-    (``None``) the scheduler asks with ``GetSnapshot``. ``policy`` and ``params``
-    are the policy to plan with (``mb policy set``); "" keeps the scheduler's own.
-    """
-
-    generation: int
-    snapshot: ClusterSnapshot | None = None
-    policy: str = ""
-    params: dict[str, Any] = {}
-    delta: PendingDelta | None = None
-
-
-class GetSnapshot(_Msg, frozen=True, kw_only=True, tag="get_snapshot"):
-    """-> SnapshotReply. From the scheduler: the snapshot of the pass it plans
-    next (the server awaits its plan). ``peek``: a look for any user (``mb
-    whatif``) that changes nothing."""
-
-    peek: bool = False
-    #: The version of the queue the scheduler holds (-1: none): the reply
-    #: carries a delta from it when the server still knows it.
-    base: int = -1
-
-
-class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot"):
-    snapshot: ClusterSnapshot
-    policy: str = ""
-    params: dict[str, Any] = {}
-    delta: PendingDelta | None = None
-
-
-class ApplyPlan(_Msg, frozen=True, kw_only=True, tag="apply_plan"):
-    """-> PlanResult. The server validates every start against current state.
-
-    ``elapsed`` (seconds the policy took) and ``pending`` (jobs it planned) are
-    for the pass event (``sched/pass``) only.
-    """
-
-    plan: Plan
-    elapsed: float = 0.0
-    pending: int = 0
-
-
-class PlanResult(_Msg, frozen=True, kw_only=True, tag="plan_result"):
-    started: list[int]
-    rejected: dict[int, str]
-
-
 # ------------------------------------------------------------------ nodes
 
 
-class NodeHello(_Msg, frozen=True, kw_only=True, tag="node_hello"):
+class NodeHello(Msg, frozen=True, kw_only=True, tag="node_hello"):
     """-> Ok. A node daemon (re)registers; ``running`` lists jobs it still runs."""
 
     name: str
@@ -432,7 +363,7 @@ class JobUsage(msgspec.Struct, frozen=True, array_like=True):
     rss_kb: int
 
 
-class Heartbeat(_Msg, frozen=True, kw_only=True, tag="heartbeat"):
+class Heartbeat(Msg, frozen=True, kw_only=True, tag="heartbeat"):
     """-> Ok"""
 
     name: str
@@ -476,13 +407,13 @@ class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
     reruns: int = 0
 
 
-class Launch(_Msg, frozen=True, kw_only=True, tag="launch"):
+class Launch(Msg, frozen=True, kw_only=True, tag="launch"):
     """Server -> node. No reply: the node answers with JobStarted or JobEnded."""
 
     spec: LaunchSpec
 
 
-class ResizeJob(_Msg, frozen=True, kw_only=True, tag="resize_job"):
+class ResizeJob(Msg, frozen=True, kw_only=True, tag="resize_job"):
     """Server -> node: confine the job to ``cpus`` (node CPU ids) and let it run
     for ``time_limit`` seconds from its start. No reply: the node answers with
     ``JobResized``."""
@@ -494,7 +425,7 @@ class ResizeJob(_Msg, frozen=True, kw_only=True, tag="resize_job"):
     seq: int = 0
 
 
-class JobResized(_Msg, frozen=True, kw_only=True, tag="job_resized"):
+class JobResized(Msg, frozen=True, kw_only=True, tag="job_resized"):
     """-> Ok. The node applied a ``ResizeJob`` (``error`` ""), or could not:
     ``cpus`` are the node CPU ids the job is confined to now. Re-sent until
     acknowledged; a repeat is a no-op."""
@@ -508,21 +439,21 @@ class JobResized(_Msg, frozen=True, kw_only=True, tag="job_resized"):
     seq: int = 0
 
 
-class Kill(_Msg, frozen=True, kw_only=True, tag="kill"):
+class Kill(Msg, frozen=True, kw_only=True, tag="kill"):
     """Server -> node: end the job's whole process tree. No reply."""
 
     job: int
     result: JobResult
 
 
-class Signal(_Msg, frozen=True, kw_only=True, tag="signal"):
+class Signal(Msg, frozen=True, kw_only=True, tag="signal"):
     """Server -> node: send ``signal`` to every process of the job. No reply."""
 
     job: int
     signal: int
 
 
-class JobStarted(_Msg, frozen=True, kw_only=True, tag="job_started"):
+class JobStarted(Msg, frozen=True, kw_only=True, tag="job_started"):
     """No reply: a notification of the process's pid and real start time."""
 
     job: int
@@ -530,7 +461,7 @@ class JobStarted(_Msg, frozen=True, kw_only=True, tag="job_started"):
     time: float
 
 
-class JobEnded(_Msg, frozen=True, kw_only=True, tag="job_ended"):
+class JobEnded(Msg, frozen=True, kw_only=True, tag="job_ended"):
     """-> Ok. Re-sent until acknowledged, so the server treats repeats as no-ops."""
 
     job: int

@@ -4,7 +4,7 @@ A snapshot of a deep queue is mostly the same jobs as the last one: shipping
 them all each pass cost the server ~30 ms to encode and the scheduler ~450 ms
 to decode at 100,000 queued jobs, for a pass that plans a few of them. So the
 server ships what entered or left the queue since the version the scheduler
-holds (:class:`~minibatch.protocol.messages.PendingDelta`), and the scheduler
+holds (:class:`~minibatch.protocol.scheduling.PendingDelta`), and the scheduler
 rebuilds the snapshot's ``pending`` here. The result is the same sequence of
 the same views as a full shipment: the server's queue is in rank order
 (:attr:`PendingView.rank`, unique since it ends with the id), so the copy is
@@ -24,7 +24,7 @@ from __future__ import annotations
 import msgspec
 
 from minibatch.core.snapshot import ClusterSnapshot, PendingView
-from minibatch.protocol.messages import PendingDelta
+from minibatch.protocol.scheduling import PendingDelta
 from minibatch.sim.views import Clock, RecordView
 
 #: The version of an empty copy: no delta is based on it.

@@ -41,10 +41,10 @@ from minibatch.net.aio import AsyncClient
 from minibatch.net.limits import raise_fd_limit
 from minibatch.policy import registry
 from minibatch.policy.base import Policy
-from minibatch.protocol.messages import (
+from minibatch.protocol.messages import Message
+from minibatch.protocol.scheduling import (
     ApplyPlan,
     GetSnapshot,
-    Message,
     PlanResult,
     SchedHello,
     SnapshotReply,

@@ -12,8 +12,6 @@ from minibatch.core.job import ACTIVE_STATES, PENDING_STATES, Job, JobState
 from minibatch.errors import InvalidArgument, NotFound, PermissionDenied
 from minibatch.protocol.messages import (
     Alter,
-    ApplyPlan,
-    GetSnapshot,
     Heartbeat,
     JobControl,
     JobEnded,
@@ -25,16 +23,20 @@ from minibatch.protocol.messages import (
     NodeHello,
     NodeList,
     Ok,
-    PlanResult,
     QueryJobs,
     QueryNodes,
-    SchedHello,
     ServerStatus,
     SetNodeOffline,
-    SnapshotReply,
     Status,
     Submit,
     Submitted,
+)
+from minibatch.protocol.scheduling import (
+    ApplyPlan,
+    GetSnapshot,
+    PlanResult,
+    SchedHello,
+    SnapshotReply,
 )
 from minibatch.server import admin, jobops, liveness, malleable, requeue, views
 from minibatch.server.access import (
@@ -102,8 +104,11 @@ def query_jobs(
                 found[job.id] = job
         jobs = sorted(found.values(), key=lambda j: j.id)
     else:
-        if msg.rows and msg.active and not msg.finished and msg.user is None:
-            return JobRows(rows=state.listing.rows(state))
+        if msg.rows and msg.active and not msg.finished:
+            if msg.alt:
+                return JobRows(rows=state.listing.alt_rows(state, msg.user))
+            if msg.user is None:
+                return JobRows(rows=state.listing.rows(state))
         jobs = []
         if msg.active:
             mine = state.jobs if msg.user is None else state.by_user.get(msg.user, ())

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 
 from minibatch.core.job import Job
 from minibatch.core.snapshot import PendingView, Plan
-from minibatch.protocol.messages import PendingDelta
+from minibatch.protocol.scheduling import PendingDelta
 from minibatch.server.records import pending_view
 
 Rank = tuple[float, int, float, int]

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 from minibatch.core.job import Job, eligible_since, limit_of
 from minibatch.core.snapshot import PendingView
 from minibatch.policy.base import mem_per_node
-from minibatch.protocol.messages import ApplyPlan, LaunchSpec
+from minibatch.protocol.messages import LaunchSpec
+from minibatch.protocol.scheduling import ApplyPlan
 
 if TYPE_CHECKING:
     from minibatch.server.booking import PolicyChoice

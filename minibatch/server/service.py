@@ -1,7 +1,9 @@
 """mb-server: the asyncio shell around :class:`~minibatch.server.state.ServerState`.
 
-One ROUTER socket serves everyone: commands, the scheduler and the node daemons
-(on its ipc endpoint, and with CURVE on the tcp ones of ``[server] listen``).
+One ROUTER socket serves the scheduler, the node daemons and remote commands
+(on its ipc endpoint, and with CURVE on the tcp ones of ``[server] listen``);
+the commands of this host come over a unix socket beside it
+(:mod:`minibatch.net.stream`), and both feed the same batches.
 The loop takes every request already waiting (up to :data:`BATCH`), handles them,
 commits the resulting writes in **one** transaction, and only then sends replies,
 daemon messages, MQTT events and the scheduler's wake-up. Acknowledged means
@@ -26,8 +28,6 @@ import os
 import time
 from collections.abc import Sequence
 
-import zmq
-
 from minibatch import config as configuration
 from minibatch.daemon import notify_ready, run_daemon
 from minibatch.errors import ErrorCode, MinibatchError, ProtocolError, StorageError
@@ -36,15 +36,18 @@ from minibatch.events.publisher import EventPublisher, is_state
 from minibatch.net.curve import CurveServer
 from minibatch.net.driver import Frames, SocketDriver
 from minibatch.net.guard import listen
+from minibatch.net.local import ROUTE_PREFIX, LocalListener, LocalRequest
 from minibatch.net.ratelog import RateLimitedLog
+from minibatch.net.stream import command_path
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import Error, Submit
 from minibatch.server import acctlog, booking, dispatch, liveness, mail, rollback
 from minibatch.server.access import need_remote_allowed
 from minibatch.server.handlers import HANDLERS, Context
+from minibatch.server.requests import Request, from_local, from_router
 from minibatch.server.state import ServerState
 from minibatch.server.store import Store
-from minibatch.server.submit import check_sizes, parse_peer, remote_caller
+from minibatch.server.submit import check_sizes, remote_caller
 
 log = logging.getLogger("minibatch.server")
 
@@ -89,6 +92,8 @@ class Server:
         self.acctlog = acctlog.AccountingFile(paths.state / "accounting")
         self.host = os.uname().nodename
         self.driver: SocketDriver | None = None
+        #: The commands' unix socket, beside an ipc endpoint.
+        self.local: LocalListener | None = None
         #: The tcp endpoints of ``[server] listen``, when there are any.
         self.tcp: CurveServer | None = None
         self.complaints = RateLimitedLog(log, "malformed requests and connections")
@@ -103,15 +108,13 @@ class Server:
         self._boundary: float | None = None
         self._boundary_timer: asyncio.TimerHandle | None = None
 
-    def handle(self, frames: Frames) -> bytes | None:
+    def handle(self, request: Request) -> bytes | None:
         """One request in, at most one encoded reply out; never raises."""
         rid = 0
         try:
-            if len(frames) != 2:
-                raise ProtocolError(
-                    f"expected one message frame, got {len(frames) - 1}"
-                )
-            env = decode(frames[1].bytes)
+            if request.parts != 1:
+                raise ProtocolError(f"expected one message frame, got {request.parts}")
+            env = decode(request.data)
             rid = env.id
             handler = HANDLERS.get(type(env.body))
             if handler is None:
@@ -123,16 +126,16 @@ class Server:
                 check_sizes(
                     env.body.spec, limits.max_script_bytes, limits.max_env_bytes
                 )
-            caller = parse_peer(str(frames[1].get("Peer-Address")))
-            if caller is None and self.tcp is not None:
+            caller = request.peer
+            if caller is None and self.tcp is not None and request.frame is not None:
                 # No peer credentials: a tcp client, known by its CURVE key.
-                key = self.tcp.entry(frames[1])
+                key = self.tcp.entry(request.frame)
                 caller = remote_caller(key.kind, key.name)
                 need_remote_allowed(self.state, caller, env.body)
             self.state.requestor = caller
-            reply = handler(self.state, self.ctx, caller, frames[0].bytes, env.body)
+            reply = handler(self.state, self.ctx, caller, request.route, env.body)
         except ProtocolError as exc:
-            self.complaints.warning("%s (from %s)", exc, _sender(frames))
+            self.complaints.warning("%s (from %s)", exc, _sender(request))
             reply = Error(code=int(exc.code), message=str(exc))
         except MinibatchError as exc:
             reply = Error(code=int(exc.code), message=str(exc))
@@ -255,14 +258,17 @@ class Server:
         self._wake_timer = None
         self._wake_scheduler()
 
-    def _send(self, identity: bytes, data: bytes) -> None:
+    def _send(self, route: bytes, data: bytes) -> None:
         # A peer that vanished is not an error here: nodes re-register, the
         # scheduler says hello again, and clients time out cleanly.
-        assert self.driver is not None
-        if identity:
-            self.driver.send([identity, data])
+        if route.startswith(ROUTE_PREFIX):
+            assert self.local is not None
+            self.local.send(route, data)
+        elif route:
+            assert self.driver is not None
+            self.driver.send([route, data])
 
-    def on_batch(self, batch: list[Frames]) -> None:
+    def on_batch(self, batch: list[Request]) -> None:
         """Handle every waiting request, commit once, then reply.
 
         When the commit fails, each request that wrote something is answered
@@ -271,32 +277,47 @@ class Server:
         beside a refused qsub does not show its job, and answered as usual.
         """
         while batch:
-            handled = [self._handle_noting_writes(frames) for frames in batch]
-            error = self.flush([(f[0].bytes, reply) for f, reply, _ in handled])
+            handled = [self._handle_noting_writes(request) for request in batch]
+            error = self.flush([(r.route, reply) for r, reply, _ in handled])
             if error is None:
                 return
-            again = [frames for frames, _, wrote in handled if not wrote]
+            again = [request for request, _, wrote in handled if not wrote]
             if len(again) == len(batch):
                 # Only the server's own writes failed (upcoming starts), made
                 # after these replies: they describe what the database holds.
-                for frames, reply, _ in handled:
+                for request, reply, _ in handled:
                     if reply is not None:
-                        self._send(frames[0].bytes, reply)
+                        self._send(request.route, reply)
                 return
-            for frames, reply, wrote in handled:
+            for request, reply, wrote in handled:
                 if reply is not None and wrote:
                     # The reply is ours, so it decodes; it has the request's id.
-                    self._send(frames[0].bytes, encode(error, re=decode(reply).re))
+                    self._send(request.route, encode(error, re=decode(reply).re))
             batch = again
 
+    def _on_router(self, batch: list[Frames]) -> None:
+        requests = []
+        for frames in batch:
+            request = from_router(frames)
+            if request is None:
+                self.complaints.warning(
+                    "dropped a request from a peer with a reserved routing id"
+                )
+            else:
+                requests.append(request)
+        self.on_batch(requests)
+
+    def _on_local(self, batch: list[LocalRequest]) -> None:
+        self.on_batch([from_local(request) for request in batch])
+
     def _handle_noting_writes(
-        self, frames: Frames
-    ) -> tuple[Frames, bytes | None, bool]:
+        self, request: Request
+    ) -> tuple[Request, bytes | None, bool]:
         """:meth:`handle`, and whether the request queued a database write."""
         store = self.state.store
         before = store.writes
-        reply = self.handle(frames)
-        return frames, reply, store.writes != before
+        reply = self.handle(request)
+        return request, reply, store.writes != before
 
     async def serve(self, stop: asyncio.Event) -> None:
         limits = self.config.server
@@ -311,8 +332,19 @@ class Server:
             os.chmod(self.endpoint[len("ipc://") :], 0o777)
         if limits.listen:  # after the ipc bind: see minibatch.net.curve
             self.tcp = CurveServer(sock, limits.listen, self.paths.server_keys)
-        self.driver = SocketDriver(sock, self.on_batch, BATCH)
+        self.driver = SocketDriver(sock, self._on_router, BATCH)
         guard.start()
+        local = command_path(self.endpoint)
+        if local is not None:
+            self.local = LocalListener(
+                local,
+                self._on_local,
+                caps=guard.caps,
+                max_message_bytes=limits.max_message_bytes,
+                complaints=self.complaints,
+                batch=BATCH,
+            )
+            await self.local.start()
         log.info(
             "serving on %s (%d active jobs, %d reservations, policy %s)",
             self.endpoint,
@@ -340,6 +372,8 @@ class Server:
             self.state.store.commit()
         guard.close()
         self.driver.close()
+        if self.local is not None:
+            self.local.close()
         if self.tcp is not None:
             self.tcp.close()
         if self.endpoint.startswith("ipc://"):
@@ -360,11 +394,9 @@ class Server:
             self.flush()
 
 
-def _sender(frames: Frames) -> str:
-    """Who sent ``frames``, for a log line."""
-    caller = None
-    with contextlib.suppress(zmq.ZMQError):
-        caller = parse_peer(str(frames[-1].get("Peer-Address")))
+def _sender(request: Request) -> str:
+    """Who sent ``request``, for a log line."""
+    caller = request.peer
     return "an unknown peer" if caller is None else f"uid {caller.uid} pid {caller.pid}"
 
 

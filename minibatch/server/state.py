@@ -33,7 +33,8 @@ from minibatch.core.resize import refusal, start_limit
 from minibatch.core.snapshot import ClusterSnapshot, PendingView
 from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
-from minibatch.protocol.messages import Kill, Launch, Message, Wake
+from minibatch.protocol.messages import Kill, Launch, Message
+from minibatch.protocol.scheduling import Wake
 from minibatch.server import admission, booking, mail, malleable, requeue, views
 from minibatch.server.acctlog import Pending
 from minibatch.server.history import UsageHistory

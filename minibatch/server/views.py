@@ -9,7 +9,7 @@ from minibatch.core.job import ACTIVE_STATES, Job, limit_of
 from minibatch.core.snapshot import ClusterSnapshot, PendingView, RunningView
 from minibatch.errors import InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
-from minibatch.protocol.messages import PendingDelta
+from minibatch.protocol.scheduling import PendingDelta
 
 if TYPE_CHECKING:
     from minibatch.server.state import ServerState

@@ -30,13 +30,8 @@ from textual.widgets import DataTable, Footer, Static
 
 from minibatch.errors import MinibatchError
 from minibatch.live.model import LiveCluster, LiveJob
-from minibatch.protocol.messages import (
-    GetSnapshot,
-    JobControl,
-    JobList,
-    Message,
-    SetPolicy,
-)
+from minibatch.protocol.messages import JobControl, JobList, Message, SetPolicy
+from minibatch.protocol.scheduling import GetSnapshot
 from minibatch.top import screens
 from minibatch.top.screens import ConfirmScreen, PolicyScreen, TextScreen
 from minibatch.top.widgets import (

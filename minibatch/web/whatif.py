@@ -111,7 +111,7 @@ def for_cluster(paths: Paths, config: Config) -> WhatIfs:
 
     def simulate(name: str) -> WhatIf:
         from minibatch.net.client import Client
-        from minibatch.protocol.messages import GetSnapshot
+        from minibatch.protocol.scheduling import GetSnapshot
         from minibatch.sim.whatif import whatif
 
         with Client(endpoint, SNAPSHOT_TIMEOUT) as client:

@@ -1,28 +1,28 @@
 """Bad input and greedy clients cannot hurt a daemon (issue 10, item 5).
 
 A real cluster, started with the open file limit most systems give (1,024), is
-sent garbage on the server's socket with a raw ZeroMQ socket, and thousands of
-connections. The server must stay up (its pid), keep answering (``qstat``),
-and log about it in a few lines, never a traceback. Only the server listens:
-the other daemons connect out, which a test checks. The per-user connection
-cap is tested as another user (root only) and, without a cluster, with the
-test's own uid made not exempt.
+sent garbage on the server's sockets (a raw ZeroMQ socket, and the commands'
+unix socket), and thousands of connections. The server must stay up (its pid),
+keep answering (``qstat``), and log about it in a few lines, never a traceback.
+Only the server listens: the other daemons connect out, which a test checks.
+The per-user connection cap is tested as another user (root only) and, without
+a cluster, with the test's own uid made not exempt
+(tests/unit/test_connection_caps.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 import os
 import random
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -33,9 +33,9 @@ import zmq
 from minibatch.cluster.layout import plan_nodes, usable_cpus
 from minibatch.core.job import JobRequest, JobSpec
 from minibatch.errors import ErrorCode, RemoteError
-from minibatch.net.driver import SocketDriver
-from minibatch.net.guard import listen
-from minibatch.net.ratelog import BURST, RateLimitedLog
+from minibatch.net.local import ROUTE_PREFIX
+from minibatch.net.ratelog import BURST
+from minibatch.net.stream import HEADER, command_path
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import (
     Error,
@@ -269,7 +269,8 @@ def test_thousands_of_connections_leave_the_server_up(cluster_1024: Cluster) -> 
 
 #: Run as root by the tests below: becomes another user, then connects.
 AS_USER = """
-import os, sys
+# Imported before setuid: the interpreter's files may be unreadable by the uid.
+import os, socket, sys
 import zmq
 from minibatch.net.client import Client
 from minibatch.protocol.messages import Status
@@ -376,43 +377,86 @@ def test_only_the_server_accepts_connections(cluster_1024: Cluster) -> None:
         assert listening(pids[name]) == [], name
 
 
-async def until(predicate: Callable[[], bool], what: str) -> None:
-    for _ in range(1000):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{what} not reached")
+def command_socket(c: Cluster) -> socket.socket:
+    path = command_path(c.endpoint)
+    assert path is not None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(20)
+    sock.connect(path)
+    return sock
 
 
-async def test_the_guard_caps_each_user_not_exempt(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Without a cluster or root: the test's own uid, not exempt here, may
-    hold 3 connections; the others are shut down, and a connection that
-    ends is no longer counted."""
-    endpoint = f"ipc://{tmp_path / 'guarded.sock'}"
-    complaints = RateLimitedLog(logging.getLogger("test.guard"), "refused")
-    sock, guard = listen(
-        endpoint, max_message_bytes=1024, per_user=3, complaints=complaints
-    )
-    guard.exempt = frozenset()
-    driver = SocketDriver(sock, lambda batch: None)
-    guard.start()
-    uid = os.getuid()
+def framed(data: bytes) -> bytes:
+    return HEADER.pack(len(data)) + data
+
+
+def read_message(sock: socket.socket) -> bytes | None:
+    """The next message, or None when the server ended the connection."""
+
+    def exactly(size: int) -> bytes | None:
+        data = b""
+        while len(data) < size:
+            chunk = sock.recv(size - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    header = exactly(HEADER.size)
+    return None if header is None else exactly(HEADER.unpack(header)[0])
+
+
+def test_garbage_on_the_commands_socket_is_answered(cluster_1024: Cluster) -> None:
+    c = cluster_1024
+    pid = server_pid(c)
+    # Each as one message (several frames are a ZeroMQ shape), all sent at
+    # once: the server stops reading while 64 wait, and goes on.
+    messages = [parts[0] for parts in garbage() if len(parts) == 1]
+    with command_socket(c) as sock:
+        sock.sendall(b"".join(framed(m) for m in messages))
+        for _ in messages:
+            reply = read_message(sock)
+            assert reply is not None and isinstance(decode(reply).body, Error)
+        sock.sendall(framed(encode(Status(), 5)))
+        reply = read_message(sock)
+        assert reply is not None and isinstance(decode(reply).body, ServerStatus)
+        # Too large: refused on its length alone, saying so, then the end.
+        sock.sendall(HEADER.pack(LIMITS["max_message_bytes"] + 1) + b"x" * 100)
+        reply = read_message(sock)
+        assert reply is not None
+        refusal = decode(reply).body
+        assert isinstance(refusal, Error) and "max_message_bytes" in refusal.message
+        assert read_message(sock) is None
+    # The client says it too, naming the limit, not a timeout.
+    spec = JobSpec(name="big", workdir=str(c.work), request=JobRequest(), argv=["t"])
+    big = msgspec.structs.replace(spec, env={"V": "x" * LIMITS["max_message_bytes"]})
+    with c.client() as client, pytest.raises(RemoteError, match="max_message_bytes"):
+        client.call(Submit(spec=big))
+    # A connection that ends halfway through a message leaves nothing behind.
+    with command_socket(c) as sock:
+        sock.sendall(framed(encode(Status(), 6))[:-3])
+    answers(c)
+    assert server_pid(c) == pid and "Traceback" not in c.log("server")
+
+
+def test_a_router_peer_cannot_take_a_commands_route(cluster_1024: Cluster) -> None:
+    """A ZeroMQ peer that names itself as a command's connection would get
+    that command's replies: its requests are dropped, and said so."""
+    c = cluster_1024
+    start = len(c.log("server").splitlines())
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    clients = [raw_socket(ctx, endpoint) for _ in range(10)]
     try:
-
-        def refused() -> int:
-            return sum("closed a connection" in r.getMessage() for r in caplog.records)
-
-        await until(lambda: refused() >= 7, "7 connections refused")
-        assert guard.by_uid == {uid: 3} and len(guard.conns) == 3
-        for client in clients:
-            client.setsockopt(zmq.RECONNECT_IVL, -1)  # no more attempts
-            client.close()
-        await until(lambda: not guard.conns, "every connection forgotten")
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTING_ID, ROUTE_PREFIX + (1).to_bytes(8, "big"))
+        sock.connect(c.endpoint)
+        sock.send(encode(Status(), 3))
+        c.wait_for(
+            lambda: any("reserved routing id" in w for w in warnings_since(c, start)),
+            timeout=20,
+            what="the dropped request logged",
+        )
+        assert not sock.poll(0)
     finally:
         ctx.destroy(linger=0)
-        guard.close()
-        driver.close()
+    answers(c)

@@ -26,8 +26,8 @@ from minibatch.protocol.messages import (
     Ok,
     ServerStatus,
     Status,
-    Wake,
 )
+from minibatch.protocol.scheduling import Wake
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

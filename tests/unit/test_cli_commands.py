@@ -116,9 +116,19 @@ def test_qstat_user_filter_json_and_x(server):
     assert result.exit_code == 0
     assert server.sent == [m.QueryJobs(user=None, finished=True)]
     assert [j["id"] for j in json.loads(result.stdout)] == ["1"]
-    server.replies = [m.JobList(jobs=[])]
-    assert invoke(qstat.qstat_command, ["-u", "bob"]).exit_code == 0
-    assert server.sent[-1] == m.QueryJobs(user="bob")
+    # One user: qstat -a's rows of that user; a server that sends jobs is
+    # still understood.
+    bob = job(1, user="bob")
+    for reply in (m.JobList(jobs=[bob]), rows_reply([render.qstat_alt_row(bob)])):
+        server.replies = [reply]
+        result = invoke(qstat.qstat_command, ["-u", "bob"])
+        assert result.exit_code == 0
+        assert server.sent[-1] == m.QueryJobs(user="bob", rows=True, alt=True)
+        assert result.stdout.splitlines()[-1].split()[:3] == ["1", "bob", "batch"]
+
+
+def rows_reply(rows: list[tuple[object, ...]]) -> m.JobRows:
+    return m.JobRows(rows=msgspec.Raw(msgspec.msgpack.encode(rows)))
 
 
 def test_qstat_bad_id_sends_nothing(server):

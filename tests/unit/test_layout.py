@@ -300,23 +300,29 @@ def test_daemon_matching() -> None:
 
 FAKES = {
     "fake_mb_server": """
-        import os, pathlib, zmq
+        import os, pathlib, socket
+        from minibatch.net.stream import HEADER
         from minibatch.protocol import decode, encode
         from minibatch.protocol.messages import NodeInfo, NodeList, ServerStatus, Status
         run = pathlib.Path(os.environ["MB_HOME"]) / "run"
-        sock = zmq.Context().socket(zmq.ROUTER)
-        sock.bind(f"ipc://{run / 'server.sock'}")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(run / "server.commands"))
+        listener.listen()
+        (run / "server.sock").touch()  # the ipc endpoint the commands look for
         while True:
-            ident, frame = sock.recv_multipart()
-            env = decode(frame)
-            up = {p.name[3:]: int(p.read_text()) for p in run.glob("up-*")}
-            sched = up.pop("scheduler", None)
-            reply = ServerStatus(pid=os.getpid(), endpoint="", mqtt_url="",
-                policy="fifo", nodes={}, scheduler_pid=sched, jobs={})
-            if not isinstance(env.body, Status):
-                reply = NodeList(nodes=[NodeInfo(name=n, state="free", cpus=[],
-                    free_cpus=[], mem_kb=None, jobs={}) for n in up])
-            sock.send_multipart([ident, encode(reply, re=env.id)])
+            conn, _ = listener.accept()
+            with conn, conn.makefile("rb") as stream:
+                while header := stream.read(HEADER.size):
+                    env = decode(stream.read(HEADER.unpack(header)[0]))
+                    up = {p.name[3:]: int(p.read_text()) for p in run.glob("up-*")}
+                    sched = up.pop("scheduler", None)
+                    reply = ServerStatus(pid=os.getpid(), endpoint="", mqtt_url="",
+                        policy="fifo", nodes={}, scheduler_pid=sched, jobs={})
+                    if not isinstance(env.body, Status):
+                        reply = NodeList(nodes=[NodeInfo(name=n, state="free",
+                            cpus=[], free_cpus=[], mem_kb=None, jobs={}) for n in up])
+                    data = encode(reply, re=env.id)
+                    conn.sendall(HEADER.pack(len(data)) + data)
     """,
     "fake_mb_scheduler": """
         import os, pathlib, time

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from minibatch.core.job import Job, JobOptions, JobState
 from minibatch.core.snapshot import ClusterSnapshot
 from minibatch.protocol import decode, encode
-from minibatch.protocol.messages import PendingDelta, Wake
+from minibatch.protocol.scheduling import PendingDelta, Wake
 from minibatch.scheduler.mirror import NONE, QueueMirror
 from minibatch.server.queue import PendingQueue
 from tests.unit.test_job_model import job as a_job

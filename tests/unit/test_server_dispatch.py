@@ -11,7 +11,8 @@ from minibatch.core.job import (
     JobState,
 )
 from minibatch.core.snapshot import Plan, Start
-from minibatch.protocol.messages import ApplyPlan, Launch
+from minibatch.protocol.messages import Launch
+from minibatch.protocol.scheduling import ApplyPlan
 from minibatch.server import dispatch
 from minibatch.server.handlers import Context, apply_plan
 from minibatch.server.state import ServerState

@@ -1,4 +1,4 @@
-"""A bare qstat's rows from the server: the table qstat printed from jobs."""
+"""qstat's and qstat -a's rows from the server: the tables qstat printed from jobs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from minibatch.cli import qstat, render
 from minibatch.core.job import JobRequest, JobSpec
-from minibatch.protocol.messages import ROW, JobList, JobRows, QueryJobs
+from minibatch.protocol.messages import ALT_ROW, ROW, JobList, JobRows, QueryJobs
 from minibatch.server import handlers
 from minibatch.server.access import Context
 from minibatch.server.state import ServerState
@@ -79,3 +79,49 @@ def test_qstat_u_finds_a_users_jobs_by_index(server_state: ServerState) -> None:
     assert theirs.user != user
     nobody = handlers.query_jobs(state, CTX, ME, b"", QueryJobs(user="no-such"))
     assert isinstance(nobody, JobList) and nobody.jobs == []
+
+
+def alt_from_rows(state: ServerState, now: float, user: str | None = None) -> str:
+    query = QueryJobs(rows=True, alt=True, user=user)
+    reply = handlers.query_jobs(state, CTX, ME, b"", query)
+    assert isinstance(reply, JobRows)
+    rows = msgspec.msgpack.decode(reply.rows, type=ALT_ROW)
+    return render.qstat_alt_table(rows, now, "host")
+
+
+def alt_from_jobs(state: ServerState, now: float, user: str | None = None) -> str:
+    reply = handlers.query_jobs(state, CTX, ME, b"", QueryJobs(user=user))
+    assert isinstance(reply, JobList)
+    jobs = sorted(reply.jobs, key=lambda j: j.id)
+    shown = qstat.shown(jobs, [], False)
+    return qstat.render_jobs(shown, now=now, alt=True, server="host")
+
+
+def test_alt_rows_print_qstat_a_and_follow_every_change(
+    server_state: ServerState,
+) -> None:
+    state = server_state
+    other = Caller(uid=0, gid=0, pid=2)
+    assert alt_from_rows(state, 0.0) == "" == alt_from_jobs(state, 0.0)
+    (first,) = state.submit(spec("first"), ME)
+    tasks = state.submit(spec("arr", array=[1, 2, 3]), ME)
+    (theirs,) = state.submit(spec("theirs"), other)
+    assert state.start(first.id, ("n0",)) is None
+    assert state.start(tasks[0].id, ("n1",)) is None
+    start = state.jobs[first.id].start_time
+    assert start is not None
+    # The elapsed time is the printing command's: a later one sees more.
+    for now in (start + 5, start + 3725):
+        assert alt_from_rows(state, now) == alt_from_jobs(state, now)
+    assert "01:02:05" in alt_from_rows(state, start + 3725)
+    mine = state.jobs[first.id].user
+    assert theirs.user != mine
+    for user in (mine, theirs.user, "no-such"):
+        assert alt_from_rows(state, start, user) == alt_from_jobs(state, start, user)
+    assert "theirs" not in alt_from_rows(state, start, mine)
+    # The cached rows follow a change.
+    state.cancel(tasks[1])
+    state.cancel(theirs)
+    for user in (None, mine, theirs.user):
+        assert alt_from_rows(state, start, user) == alt_from_jobs(state, start, user)
+    assert alt_from_rows(state, start, theirs.user) == ""

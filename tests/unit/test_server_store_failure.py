@@ -23,7 +23,6 @@ from minibatch.core.snapshot import Plan, Start
 from minibatch.errors import ErrorCode, StorageError
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import (
-    ApplyPlan,
     Error,
     JobEnded,
     JobList,
@@ -34,16 +33,16 @@ from minibatch.protocol.messages import (
     Ok,
     QueryJobs,
     QueryNodes,
-    SchedHello,
     Submit,
     Submitted,
 )
+from minibatch.protocol.scheduling import ApplyPlan, SchedHello
 from minibatch.server import booking, liveness
+from minibatch.server.requests import Request
 from minibatch.server.service import Server
 from minibatch.server.store import Store
 from minibatch.server.submit import Caller
 
-ME = f"localhost:{os.getuid()}:{os.getgid()}:{os.getpid()}"
 CALLER = Caller(os.getuid(), os.getgid(), os.getpid())
 NODE, SCHED = b"node0", b"sched"
 
@@ -98,16 +97,6 @@ def ended(job: int) -> JobEnded:
     )
 
 
-class Frame:
-    """What the server reads of a received ZeroMQ frame."""
-
-    def __init__(self, data: bytes) -> None:
-        self.bytes = data
-
-    def get(self, name: str) -> str:
-        return ME
-
-
 class Harness:
     """A server without sockets: requests go in as batches, and what it sends,
     publishes and mails is kept."""
@@ -142,12 +131,12 @@ class Harness:
     def batch(self, *requests: tuple[bytes, Message]) -> list[Message]:
         """Handle ``requests`` as one batch; their replies, in order."""
         ids = [next(self._ids) for _ in requests]
-        frames = [
-            [Frame(who), Frame(encode(body, rid))]
+        batch = [
+            Request(who, encode(body, rid), CALLER)
             for rid, (who, body) in zip(ids, requests, strict=True)
         ]
         start = len(self.sent)
-        self.server.on_batch(frames)  # type: ignore[arg-type]
+        self.server.on_batch(batch)
         replies = {rid: body for _, rid, body in self.sent[start:] if rid}
         return [replies[rid] for rid in ids]
 

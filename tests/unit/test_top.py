@@ -18,15 +18,8 @@ from minibatch.core.job import Allocation
 from minibatch.core.reservation import Reservation
 from minibatch.errors import RemoteError
 from minibatch.live.model import LiveCluster, LiveNode
-from minibatch.protocol.messages import (
-    GetSnapshot,
-    JobControl,
-    JobList,
-    Message,
-    Refusal,
-    SetPolicy,
-    SnapshotReply,
-)
+from minibatch.protocol.messages import JobControl, JobList, Message, Refusal, SetPolicy
+from minibatch.protocol.scheduling import GetSnapshot, SnapshotReply
 from minibatch.top.app import SAID_FOR, TopApp
 from minibatch.top.screens import TextScreen
 from minibatch.top.widgets import NodeGrid, Timeline, job_style, sparkline

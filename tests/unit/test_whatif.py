@@ -19,7 +19,7 @@ from minibatch.core.snapshot import (
     RunningView,
 )
 from minibatch.errors import InvalidArgument, PermissionDenied
-from minibatch.protocol.messages import GetSnapshot, SnapshotReply
+from minibatch.protocol.scheduling import GetSnapshot, SnapshotReply
 from minibatch.server.access import Context
 from minibatch.server.handlers import HANDLERS
 from minibatch.server.state import ServerState

@@ -1,0 +1,227 @@
+"""The server's side of the commands' socket (:mod:`minibatch.net.stream`).
+
+asyncio's unix server accepts and buffers; this module frames, names each
+connection by a route of its own, and hands complete requests to the server in
+batches, as :class:`~minibatch.net.driver.SocketDriver` does for the ROUTER, so
+that one commit still answers a burst. Every connection counts towards its
+user's cap (:class:`~minibatch.net.guard.Caps`, shared with the ROUTER's
+guard). Nothing a peer sends can grow the server's memory without bound: a
+message over ``max_message_bytes`` ends its connection (after an error reply
+saying so), a connection with :data:`PENDING_PER_CONNECTION` requests waiting
+is not read until they are handled, and one whose replies pile up unread is
+not read until it takes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import socket
+import struct
+from collections.abc import Callable
+from typing import NamedTuple
+
+from minibatch.errors import ErrorCode
+from minibatch.net.guard import Caps
+from minibatch.net.ratelog import RateLimitedLog
+from minibatch.net.stream import HEADER
+from minibatch.protocol import encode
+from minibatch.protocol.messages import Error
+
+#: Routes of this socket's connections start with these bytes. libzmq's
+#: routing ids are five bytes when it makes them and never start with a zero
+#: byte when a peer sets one, so no ROUTER peer can have one of these.
+ROUTE_PREFIX = b"\x00local"
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+#: Requests read from one connection and not yet handled, at most.
+PENDING_PER_CONNECTION = 64
+#: Connections waiting to be accepted: a burst of commands is not refused.
+BACKLOG = 1024
+
+
+class Peer(NamedTuple):
+    """Who is at the other end of a connection, as the kernel says."""
+
+    uid: int
+    gid: int
+    pid: int
+
+
+class LocalRequest(NamedTuple):
+    route: bytes
+    data: bytes
+    peer: Peer
+
+
+Deliver = Callable[[list[LocalRequest]], None]
+
+
+class LocalListener:
+    """Serves the commands' socket at ``path`` for ``deliver``."""
+
+    def __init__(
+        self,
+        path: str,
+        deliver: Deliver,
+        *,
+        caps: Caps,
+        max_message_bytes: int,
+        complaints: RateLimitedLog,
+        batch: int = 512,
+    ) -> None:
+        self.path, self.deliver, self.caps = path, deliver, caps
+        self.max_message_bytes, self.complaints = max_message_bytes, complaints
+        self.batch = batch
+        self.connections: dict[bytes, _Connection] = {}
+        self._pending: list[LocalRequest] = []
+        self._scheduled = False
+        self._ids = itertools.count(1)
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        """Bind and listen; any local user may connect (identity comes from
+        the peer credentials, as on the ipc endpoint)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(
+            lambda: _Connection(self), self.path, backlog=BACKLOG
+        )
+        os.chmod(self.path, 0o777)
+
+    def send(self, route: bytes, data: bytes) -> None:
+        """Send ``data`` to the connection ``route``, if it is still open."""
+        conn = self.connections.get(route)
+        if conn is not None and conn.transport is not None:
+            conn.transport.write(HEADER.pack(len(data)) + data)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections.values()):
+            if conn.transport is not None:
+                conn.transport.close()  # after what is buffered is written
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def _queue(self, request: LocalRequest) -> None:
+        self._pending.append(request)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        batch, self._pending = (
+            self._pending[: self.batch],
+            self._pending[self.batch :],
+        )
+        if self._pending:  # after the loop has run what else is due
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._drain)
+        for request in batch:
+            conn = self.connections.get(request.route)
+            if conn is not None:
+                conn.handled()
+        if batch:
+            self.deliver(batch)
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, listener: LocalListener) -> None:
+        self.listener = listener
+        self.transport: asyncio.Transport | None = None
+        self.route = ROUTE_PREFIX + next(listener._ids).to_bytes(8, "big")
+        self.peer: Peer | None = None
+        self.buffer = bytearray()
+        self.waiting = 0  # requests queued, not yet handled
+        self.reading_paused = False
+        self.writing_paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        sock: socket.socket = transport.get_extra_info("socket")
+        try:
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        except OSError:  # gone already
+            transport.abort()
+            return
+        pid, uid, gid = _UCRED.unpack(creds)
+        if not self.listener.caps.admit(self.route, uid):
+            transport.abort()
+            return
+        self.transport, self.peer = transport, Peer(uid, gid, pid)
+        self.listener.connections[self.route] = self
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:
+            self.listener.caps.forget(self.route)
+            del self.listener.connections[self.route]
+            self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None or self.peer is None:
+            return
+        buffer = self.buffer
+        buffer += data
+        offset = 0
+        while len(buffer) - offset >= HEADER.size:
+            (size,) = HEADER.unpack_from(buffer, offset)
+            if size > self.listener.max_message_bytes:
+                self._refuse_large(size)
+                return
+            end = offset + HEADER.size + size
+            if len(buffer) < end:
+                break
+            data = bytes(buffer[offset + HEADER.size : end])
+            offset = end
+            self.waiting += 1
+            self.listener._queue(LocalRequest(self.route, data, self.peer))
+        del buffer[:offset]
+        self._flow()
+
+    def _refuse_large(self, size: int) -> None:
+        """Say why, then end the connection: what follows the header cannot
+        be told apart from a next message."""
+        assert self.transport is not None and self.peer is not None
+        limit = self.listener.max_message_bytes
+        self.listener.complaints.warning(
+            "closed a connection of uid %d pid %d: a message of %d bytes, over "
+            "[server] max_message_bytes (%d)",
+            self.peer.uid,
+            self.peer.pid,
+            size,
+            limit,
+        )
+        error = Error(
+            code=int(ErrorCode.INVALID_MESSAGE),
+            message=f"the request is {size} bytes, over the server's "
+            f"[server] max_message_bytes ({limit})",
+        )
+        reply = encode(error, re=0)
+        self.transport.write(HEADER.pack(len(reply)) + reply)
+        self.transport.close()
+        self.buffer.clear()
+
+    def handled(self) -> None:
+        self.waiting -= 1
+        self._flow()
+
+    def _flow(self) -> None:
+        """Read while few requests wait and the replies are taken."""
+        if self.transport is None:
+            return
+        stop = self.waiting >= PENDING_PER_CONNECTION or self.writing_paused
+        if stop and not self.reading_paused:
+            self.transport.pause_reading()
+        elif not stop and self.reading_paused:
+            self.transport.resume_reading()
+        self.reading_paused = stop
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+        self._flow()
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self._flow()
