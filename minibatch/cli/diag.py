@@ -324,7 +324,7 @@ def checkjob_command(
         selector = common.parse_selector(job_id)
         with common.connect() as client:
             jobs = client.call(QueryJobs(selectors=[selector], finished=True)).jobs
-            reply = client.call(Diagnose())
+            reply = client.call(Diagnose(jobs=False))
     now = time.time()
     sys.stdout.write("\n".join(render_checkjob(j, reply, now) for j in jobs))
 

@@ -17,6 +17,7 @@ order ``fifo`` and ``easy`` use).
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     from minibatch.policy.priority import PriorityWeights
 
 
+# Cached: showq prints one of each per job, and a queue's jobs share a few
+# walltimes and many submission seconds (a third of showq's rendering).
+@functools.lru_cache(maxsize=4096)
 def maui_duration(seconds: float) -> str:
     """Maui's ``[-][D:]HH:MM:SS``: ``1:02:03:04`` is a day and 2 h 3 min 4 s."""
     sign = "-" if seconds < 0 else ""
@@ -42,6 +46,11 @@ def maui_duration(seconds: float) -> str:
 
 def maui_date(t: float) -> str:
     """``Thu Sep  1 15:02:50`` (local time), as Maui prints dates."""
+    return _date(int(t))
+
+
+@functools.lru_cache(maxsize=4096)
+def _date(t: int) -> str:
     return time.strftime("%a %b %e %H:%M:%S", time.localtime(t))
 
 

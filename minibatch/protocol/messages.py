@@ -325,12 +325,17 @@ class PolicyInfo(Msg, frozen=True, kw_only=True, tag="policy_info"):
 class Diagnose(Msg, frozen=True, kw_only=True, tag="diagnose"):
     """-> DiagnoseReply: what ``showq``, ``checkjob`` and ``diagnose`` compute from."""
 
+    #: The jobs too (``checkjob`` asks for its job on its own, and ranks from
+    #: the snapshot alone).
+    jobs: bool = True
+
 
 class DiagnoseReply(Msg, frozen=True, kw_only=True, tag="diagnose_reply"):
     snapshot: ClusterSnapshot
     policy: str
     params: dict[str, Any]
-    #: Every job not finished, with its reason and predicted start.
+    #: Every job not finished, with its reason and predicted start (none
+    #: when :attr:`Diagnose.jobs` is false).
     jobs: list[Job]
     #: The ``[fairshare]`` settings: interval, depth, decay, policy.
     fairshare: dict[str, Any] = {}

@@ -135,7 +135,7 @@ def diagnose(
     msg: Diagnose,
 ) -> Message:
     need_caller(caller)
-    jobs = sorted(state.jobs.values(), key=lambda j: j.id)
+    jobs = sorted(state.jobs.values(), key=lambda j: j.id) if msg.jobs else []
     for job in jobs:
         state.explain(job)
     # A snapshot for looking only: the time the last plan is matched against

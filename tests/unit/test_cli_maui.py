@@ -7,6 +7,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import msgspec
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -212,6 +213,12 @@ def test_showq_sections_from_a_real_server_state(tmp_path: Path):
         "Total Jobs: 3   Active Jobs: 1   Eligible Jobs: 1   Blocked Jobs: 1"
     )
     (wide_job,) = [j for j in reply.jobs if j.id == wide.id]
+    # checkjob asks for its job on its own: the ranking needs only the snapshot.
+    lean = admin.diagnose(state, ctx, me, b"", m.Diagnose(jobs=False))
+    assert lean.jobs == []
+    same_time = msgspec.structs.replace(lean.snapshot, now=reply.snapshot.now)
+    assert same_time == reply.snapshot
+    assert "StartPriority:" in render_checkjob(wide_job, lean, time.time())
     checked = render_checkjob(wide_job, reply, time.time())
     assert checked.startswith(f"checking job {wide.id}\n\nState: Idle\n")
     assert "StartPriority:" in checked and "Serv: " in checked
