@@ -137,6 +137,8 @@ class _Connection(asyncio.Protocol):
         self.waiting = 0  # requests queued, not yet handled
         self.reading_paused = False
         self.writing_paused = False
+        #: Refused: nothing more is read from it.
+        self.closing = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -160,7 +162,7 @@ class _Connection(asyncio.Protocol):
             self.transport = None
 
     def data_received(self, data: bytes) -> None:
-        if self.transport is None or self.peer is None:
+        if self.transport is None or self.peer is None or self.closing:
             return
         buffer = self.buffer
         buffer += data
@@ -201,6 +203,7 @@ class _Connection(asyncio.Protocol):
         reply = encode(error, re=0)
         self.transport.write(HEADER.pack(len(reply)) + reply)
         self.transport.close()
+        self.closing = True
         self.buffer.clear()
 
     def handled(self) -> None:
