@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from minibatch.net.client import Client
     from minibatch.protocol.messages import Message
 
-_SELECTOR = re.compile(r"^(\d+)(\[\d*\])?(?:\.[\w.-]+)?$")
+_SELECTOR = re.compile(r"^(\d+)(\[\d*\])?(?:\.[\w.-]+)?$", re.ASCII)
 
 USAGE_EXIT = 2
 ERROR_EXIT = 1

@@ -13,7 +13,7 @@ import itertools
 import time
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
-from minibatch.errors import RemoteError, Unavailable
+from minibatch.errors import InvalidArgument, RemoteError, Unavailable
 from minibatch.net.stream import HEADER, command_path
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import Error, Message
@@ -40,6 +40,17 @@ def unreachable(endpoint: str, timeout: float, size: int = 0) -> Unavailable:
     return Unavailable(
         f"no answer from the minibatch server at {endpoint} within {timeout:g} s "
         f"({why})"
+    )
+
+
+def unanswered(endpoint: str, timeout: float) -> Unavailable:
+    """No answer on the commands' socket, whose server is there (it took the
+    connection) but busy or stopped."""
+    return Unavailable(
+        f"no answer from the minibatch server at {endpoint} within {timeout:g} s: "
+        "it is running but busy; a request it had not read yet is dropped, one "
+        "it had may still be carried out (look, e.g. with qstat, before trying "
+        "again)"
     )
 
 
@@ -75,7 +86,15 @@ class Client:
     def call(self, body: Message) -> Any:
         """Send ``body`` and return the reply body; raise on an error reply."""
         rid = next(self._ids)
-        request = encode(body, rid)
+        try:
+            request = encode(body, rid)
+        except OverflowError:
+            # A number typed on the command line (a job id, a size, a count)
+            # past what msgpack carries: the server would refuse it anyway.
+            raise InvalidArgument(
+                "a number in the request is out of range (the largest is "
+                f"{(1 << 64) - 1}): check the ids, sizes and counts given"
+            ) from None
         self._wire.send(request)
         while True:
             env = decode(self._wire.recv(len(request)))
@@ -102,8 +121,8 @@ class _Wire(Protocol):
     def send(self, request: bytes) -> None: ...
 
     def recv(self, sent: int) -> bytes:
-        """The next message; :func:`unreachable` (``sent``: the request's size)
-        when none comes within the timeout."""
+        """The next message; :class:`Unavailable` when none comes within the
+        timeout (``sent``: the request's size, which may be why)."""
         ...
 
     def close(self) -> None: ...
@@ -132,7 +151,7 @@ class _Stream:
             except BlockingIOError:  # its backlog is full: it is busy, not gone
                 if time.monotonic() > self._deadline:
                     sock.close()
-                    raise unreachable(self.endpoint, self.timeout) from None
+                    raise unanswered(self.endpoint, self.timeout) from None
                 time.sleep(0.01)
             except (FileNotFoundError, ConnectionRefusedError):
                 sock.close()
@@ -143,8 +162,7 @@ class _Stream:
             except OSError as exc:
                 sock.close()
                 raise Unavailable(
-                    f"cannot reach the minibatch server at {self.endpoint}: "
-                    f"{exc.strerror}"
+                    f"cannot reach the minibatch server at {self.endpoint}: {exc}"
                 ) from None
 
     def send(self, request: bytes) -> None:
@@ -154,7 +172,7 @@ class _Stream:
         try:
             self._sock.sendall(HEADER.pack(len(request)) + request)
         except TimeoutError:
-            raise unreachable(self.endpoint, self.timeout, len(request)) from None
+            raise unanswered(self.endpoint, self.timeout) from None
         except OSError:
             # The server closed the connection: a refusal may be waiting to be
             # read, or the end of the connection, which recv reports.
@@ -162,13 +180,13 @@ class _Stream:
 
     def recv(self, sent: int) -> bytes:
         try:
-            (size,) = HEADER.unpack(self._read(HEADER.size, sent))
-            return bytes(self._read(size, sent))
+            (size,) = HEADER.unpack(self._read(HEADER.size))
+            return bytes(self._read(size))
         except Unavailable:
             self.close()  # the next call connects again
             raise
 
-    def _read(self, size: int, sent: int) -> bytearray:
+    def _read(self, size: int) -> bytearray:
         assert self._sock is not None
         data = bytearray(size)
         view = memoryview(data)
@@ -176,17 +194,17 @@ class _Stream:
         while got < size:
             left = self._deadline - time.monotonic()
             if left <= 0:
-                raise unreachable(self.endpoint, self.timeout, sent)
+                raise unanswered(self.endpoint, self.timeout)
             self._sock.settimeout(left)
             try:
                 n = self._sock.recv_into(view[got:])
             except TimeoutError:
-                raise unreachable(self.endpoint, self.timeout, sent) from None
+                raise unanswered(self.endpoint, self.timeout) from None
             except ConnectionResetError:
                 n = 0
             except OSError as exc:
                 raise Unavailable(
-                    f"the minibatch server at {self.endpoint}: {exc.strerror}"
+                    f"the minibatch server at {self.endpoint}: {exc}"
                 ) from None
             if not n:
                 raise Unavailable(

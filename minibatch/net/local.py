@@ -119,12 +119,15 @@ class LocalListener:
         if self._pending:  # after the loop has run what else is due
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._drain)
+        live = []
         for request in batch:
             conn = self.connections.get(request.route)
             if conn is not None:
                 conn.handled()
-        if batch:
-            self.deliver(batch)
+                if not conn.gone():
+                    live.append(request)
+        if live:
+            self.deliver(live)
 
 
 class _Connection(asyncio.Protocol):
@@ -205,6 +208,25 @@ class _Connection(asyncio.Protocol):
         self.transport.close()
         self.closing = True
         self.buffer.clear()
+
+    def gone(self) -> bool:
+        """Whether the peer has closed its end: a command that gave up
+        waiting (its timeout) must not have its request carried out after it
+        said it got no answer (a qsub run again would make a second job)."""
+        assert self.transport is not None
+        fd = self.transport.get_extra_info("socket").fileno()
+        try:
+            peer = socket.socket(fileno=fd)
+        except (OSError, ValueError):  # closed meanwhile: connection_lost says
+            return False
+        try:
+            return peer.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:  # open, nothing more sent
+            return False
+        except ConnectionError:
+            return True
+        finally:
+            peer.detach()  # asyncio's descriptor, not ours to close
 
     def handled(self) -> None:
         self.waiting -= 1

@@ -295,6 +295,7 @@ class Store:
         where: list[str] = []
         args: list[Any] = []
         if ids is not None:
+            ids = [i for i in ids if _storable(i)]
             where.append(f"id IN ({','.join('?' * len(ids))})")
             args.extend(ids)
         if user is not None:
@@ -346,6 +347,8 @@ class Store:
         return sorted((j for kept in newest.values() for j in kept), key=_ended)
 
     def finished_in_array(self, array_id: int) -> list[Job]:
+        if not _storable(array_id):
+            return []
         rows = self._db.execute(
             "SELECT data FROM accounting WHERE array_id = ? ORDER BY id", (array_id,)
         )
@@ -355,6 +358,8 @@ class Store:
     def is_finished(self, job_id: int) -> Job | None:
         if job_id in self._finished:
             return self._finished[job_id]
+        if not _storable(job_id):
+            return None
         row = self._db.execute(
             "SELECT data FROM accounting WHERE id = ?", (job_id,)
         ).fetchone()
@@ -371,3 +376,9 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _storable(job_id: int) -> bool:
+    """Whether SQLite can hold ``job_id``: a larger one, which a user may type
+    (``qdel 99999999999999999999``), names no job rather than failing the query."""
+    return 0 <= job_id < 1 << 63

@@ -19,6 +19,9 @@ from minibatch.errors import InvalidArgument, PermissionDenied
 from minibatch.protocol.fields import check_spec_text, shown
 
 MAX_ARRAY = 100_000
+#: The largest array index: Slurm's and Torque's are far smaller; this one
+#: keeps an index a 32-bit number in file names and environment variables.
+MAX_ARRAY_INDEX = (1 << 31) - 1
 MAX_WALLTIME = 365 * 86400
 
 
@@ -124,6 +127,10 @@ def check_spec(spec: JobSpec) -> None:
             raise InvalidArgument(f"arrays are limited to {MAX_ARRAY} tasks")
         if any(i < 0 for i in spec.array) or len(set(spec.array)) != len(spec.array):
             raise InvalidArgument("array indices must be distinct and non-negative")
+        if max(spec.array) > MAX_ARRAY_INDEX:
+            raise InvalidArgument(
+                f"array indices are limited to {MAX_ARRAY_INDEX}, got {max(spec.array)}"
+            )
 
 
 def check_sizes(spec: JobSpec, max_script: int, max_env: int) -> None:

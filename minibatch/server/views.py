@@ -131,7 +131,9 @@ def select(state: ServerState, selector: str, *, finished: bool = True) -> list[
     """
     text = selector.strip().split(".", 1)[0]
     base, bracket, rest = text.partition("[")
-    if not base.isdigit() or (bracket and not rest.endswith("]")):
+    if not (base.isascii() and base.isdigit()) or (
+        bracket and not rest.endswith("]")
+    ):
         raise InvalidArgument(f"malformed job id {selector!r}")
     jid, index = int(base), rest[:-1] if bracket else None
     if index == "":
@@ -140,7 +142,7 @@ def select(state: ServerState, selector: str, *, finished: bool = True) -> list[
             found += state.store.finished_in_array(jid)
         found.sort(key=lambda j: j.id)
     elif index is not None:
-        if not index.isdigit():
+        if not (index.isascii() and index.isdigit()):
             raise InvalidArgument(f"malformed array index in {selector!r}")
         tasks = [state.jobs[i] for i in state.arrays.get(jid, [])]
         if finished:

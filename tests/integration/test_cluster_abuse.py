@@ -17,6 +17,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -32,7 +33,8 @@ import zmq
 
 from minibatch.cluster.layout import plan_nodes, usable_cpus
 from minibatch.core.job import JobRequest, JobSpec
-from minibatch.errors import ErrorCode, RemoteError
+from minibatch.errors import ErrorCode, RemoteError, Unavailable
+from minibatch.net.client import Client
 from minibatch.net.local import ROUTE_PREFIX
 from minibatch.net.ratelog import BURST
 from minibatch.net.stream import HEADER, command_path
@@ -460,3 +462,32 @@ def test_a_router_peer_cannot_take_a_commands_route(cluster_1024: Cluster) -> No
     finally:
         ctx.destroy(linger=0)
     answers(c)
+
+
+def test_a_request_given_up_on_is_not_carried_out(cluster_1024: Cluster) -> None:
+    """A command that timed out said it got no answer: its request, not yet
+    read by a stopped server, must not make a job once the server goes on (a
+    qsub run again would make a second one)."""
+    c = cluster_1024
+    pid = server_pid(c)
+    spec = JobSpec(
+        name="given-up", workdir=str(c.work), request=JobRequest(), argv=["true"]
+    )
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with (
+            Client(c.endpoint, timeout=1) as client,
+            pytest.raises(Unavailable, match="running but busy"),
+        ):
+            client.call(Submit(spec=spec))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    answers(c)
+    with c.client() as client:
+        listed = client.call(QueryJobs(finished=True)).jobs
+    assert [j for j in listed if j.name == "given-up"] == []
+    # Sent again, it is carried out once.
+    with c.client() as client:
+        (job,) = client.call(Submit(spec=spec)).ids
+        listed = client.call(QueryJobs(finished=True)).jobs
+    assert [j.id for j in listed if j.name == "given-up"] == [job]

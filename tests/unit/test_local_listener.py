@@ -39,6 +39,9 @@ class Sock:
     def getsockopt(self, *args: Any) -> bytes:
         return struct.pack("3i", *PEER)
 
+    def fileno(self) -> int:
+        return -1  # no real peer: never taken for one that left
+
 
 class Transport(asyncio.Transport):
     def __init__(self) -> None:

@@ -1,4 +1,5 @@
-"""qstat's and qstat -a's rows from the server: the tables qstat printed from jobs."""
+"""qstat's and qstat -a's rows from the server (the tables qstat printed from
+jobs), and job ids as users may type them."""
 
 from __future__ import annotations
 
@@ -7,9 +8,19 @@ from typing import Any
 import msgspec
 import pytest
 
-from minibatch.cli import qstat, render
+from minibatch.cli import common, qstat, render
 from minibatch.core.job import JobRequest, JobSpec
-from minibatch.protocol.messages import ALT_ROW, ROW, JobList, JobRows, QueryJobs
+from minibatch.errors import InvalidArgument, NotFound
+from minibatch.net.client import Client
+from minibatch.protocol.messages import (
+    ALT_ROW,
+    ROW,
+    JobControl,
+    JobList,
+    JobRows,
+    QueryJobs,
+    Submit,
+)
 from minibatch.server import handlers
 from minibatch.server.access import Context
 from minibatch.server.state import ServerState
@@ -22,9 +33,8 @@ CTX = Context(operators=frozenset())
 
 
 def spec(name: str = "j", **kw: Any) -> JobSpec:
-    return JobSpec(
-        name=name, workdir="/tmp", request=JobRequest(ppn=1), argv=["true"], **kw
-    )
+    kw.setdefault("request", JobRequest(ppn=1))
+    return JobSpec(name=name, workdir="/tmp", argv=["true"], **kw)
 
 
 def table_from_rows(state: ServerState) -> str:
@@ -125,3 +135,45 @@ def test_alt_rows_print_qstat_a_and_follow_every_change(
     for user in (None, mine, theirs.user):
         assert alt_from_rows(state, start, user) == alt_from_jobs(state, start, user)
     assert alt_from_rows(state, start, theirs.user) == ""
+
+
+def test_ids_past_sqlites_integers_and_non_ascii_digits_name_no_job(
+    server_state: ServerState,
+) -> None:
+    """A user may type any number: too large for the database it is an
+    unknown id, never an internal error; digits of other scripts are no id."""
+    state = server_state
+    (job,) = state.submit(spec(), ME)
+    huge = str(10**20)
+    for selector in (huge, f"{huge}[]", f"{job.id}[{huge}]", f"{huge}[1]"):
+        with pytest.raises(NotFound):
+            state.select(selector)
+    for selector in ("٨", "８"):
+        with pytest.raises(InvalidArgument, match="malformed"):
+            state.select(selector)
+    assert state.store.finished_jobs(ids=[10**20, job.id]) == []
+    # Per id, as qdel does: the known one is done, the other refused.
+    reply = handlers.job_control(
+        state,
+        CTX,
+        ME,
+        b"",
+        JobControl(action="cancel", selectors=[str(job.id), huge], each=True),
+    )
+    assert isinstance(reply, JobList)
+    assert [r.selector for r in reply.refused] == [huge]
+    assert state.store.is_finished(job.id) is not None
+    with pytest.raises(InvalidArgument, match="malformed"):
+        common.parse_selector("٨١")
+
+
+def test_a_number_too_large_to_send_is_one_clear_error() -> None:
+    client = Client("ipc:///nonexistent/server.sock")
+    huge = JobRequest(ppn=1, walltime=10**20)
+    with pytest.raises(InvalidArgument, match="out of range"):
+        client.call(Submit(spec=spec(request=huge)))
+
+
+def test_array_indices_are_bounded(server_state: ServerState) -> None:
+    with pytest.raises(InvalidArgument, match="array indices are limited"):
+        server_state.submit(spec(array=[1, 1 << 63]), ME)
