@@ -206,7 +206,9 @@ def _full_attrs(job: Job, now: float) -> list[tuple[str, str | None]]:
     ran = elapsed(job, now)
     started = job.start_time is not None
     mem = mem_used_kb(job)
-    origin = ",".join(f"{k}={v}" for k, v in job.env.items() if k.startswith("PBS_O_"))
+    # As Torque: the PBS_O_ variables and those qsub -v / -V passed. The server
+    # sends another user's job with PBS_O_HOST alone (docs/operations.md).
+    origin = ",".join(f"{k}={v}" for k, v in job.env.items())
     return [
         ("Job_Name", job.name),
         ("Job_Owner", f"{job.user}@{host}" if host else job.user),

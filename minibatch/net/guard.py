@@ -111,29 +111,26 @@ class Caps:
         self.conns: dict[Hashable, int | str] = {}
         self.by_uid: Counter[int | str] = Counter()
 
-    def admit(self, key: Hashable, uid: int | str) -> bool:
-        """Count the connection ``key`` of ``uid``; False (said in the log)
-        when a cap refuses it."""
+    def admit(self, key: Hashable, uid: int | str) -> str | None:
+        """Count the connection ``key`` of ``uid``; or, when a cap refuses it,
+        why (also said in the log)."""
         who = f"uid {uid}" if isinstance(uid, int) else f"host {uid}"
         if len(self.conns) >= self.total:
-            self.complaints.warning(
-                "closed a connection of %s: %d are open, the most the "
-                "open file limit leaves room for",
-                who,
-                len(self.conns),
+            why = (
+                f"{len(self.conns)} connections are open, the most the server's "
+                "open file limit leaves room for"
             )
-            return False
-        if uid not in self.exempt and self.by_uid[uid] >= self.per_user:
-            self.complaints.warning(
-                "closed a connection of %s: it has %d open, the most one "
-                "user may have ([server] max_connections_per_user)",
-                who,
-                self.by_uid[uid],
+        elif uid not in self.exempt and self.by_uid[uid] >= self.per_user:
+            why = (
+                f"{who} has {self.by_uid[uid]} connections open, the most one "
+                "user may have ([server] max_connections_per_user)"
             )
-            return False
-        self.conns[key] = uid
-        self.by_uid[uid] += 1
-        return True
+        else:
+            self.conns[key] = uid
+            self.by_uid[uid] += 1
+            return None
+        self.complaints.warning("closed a connection of %s: %s", who, why)
+        return why
 
     def forget(self, key: Hashable) -> None:
         uid = self.conns.pop(key, None)
@@ -182,7 +179,7 @@ class ConnectionGuard:
     def accepted(self, fd: int) -> None:
         """Count the connection on ``fd``, or shut it down if over a cap."""
         uid = peer_uid(fd)
-        if uid is not None and not self.caps.admit(fd, uid):
+        if uid is not None and self.caps.admit(fd, uid) is not None:
             shut_down(fd)
 
 

@@ -8,8 +8,9 @@ user's cap (:class:`~minibatch.net.guard.Caps`, shared with the ROUTER's
 guard). Nothing a peer sends can grow the server's memory without bound: a
 message over ``max_message_bytes`` ends its connection (after an error reply
 saying so), a connection with :data:`PENDING_PER_CONNECTION` requests waiting
-is not read until they are handled, and one whose replies pile up unread is
-not read until it takes them.
+is not read until they are handled, one whose replies pile up unread is not
+read until it takes them, and a user's unfinished messages may hold at most
+about one largest message (:meth:`LocalListener.over_budget`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import itertools
 import os
 import socket
 import struct
+from collections import Counter
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -75,6 +77,8 @@ class LocalListener:
         self.max_message_bytes, self.complaints = max_message_bytes, complaints
         self.batch = batch
         self.connections: dict[bytes, _Connection] = {}
+        #: Bytes of unfinished messages each user's connections hold.
+        self.partial: Counter[int] = Counter()
         self._pending: list[LocalRequest] = []
         self._scheduled = False
         self._ids = itertools.count(1)
@@ -103,6 +107,31 @@ class LocalListener:
                 conn.transport.close()  # after what is buffered is written
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+    def over_budget(self, uid: int) -> bool:
+        """Whether ``uid``'s unfinished messages hold more than one largest
+        message: 256 connections each halfway through a 64 MiB message would
+        otherwise hold 16 GiB of the server's memory. Its connections that
+        hold part of a message are then not read until it sends one whole."""
+        return (
+            uid not in self.caps.exempt and self.partial[uid] > self.max_message_bytes
+        )
+
+    def holding(self, uid: int) -> list[_Connection]:
+        """``uid``'s connections that hold part of a message."""
+        return [
+            c
+            for c in self.connections.values()
+            if c.held and c.peer is not None and c.peer.uid == uid
+        ]
+
+    def _hold(self, uid: int, change: int) -> None:
+        self.partial[uid] += change
+        if self.partial[uid] <= 0:
+            del self.partial[uid]
+        if change < 0:  # room again: its paused connections may go on
+            for conn in self.holding(uid):
+                conn.flow()
 
     def _queue(self, request: LocalRequest) -> None:
         self._pending.append(request)
@@ -142,6 +171,8 @@ class _Connection(asyncio.Protocol):
         self.writing_paused = False
         #: Refused: nothing more is read from it.
         self.closing = False
+        #: Bytes of an unfinished message in ``buffer``, as counted for its user.
+        self.held = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -152,8 +183,11 @@ class _Connection(asyncio.Protocol):
             transport.abort()
             return
         pid, uid, gid = _UCRED.unpack(creds)
-        if not self.listener.caps.admit(self.route, uid):
-            transport.abort()
+        refused = self.listener.caps.admit(self.route, uid)
+        if refused is not None:
+            # Said to the command too, which reads it before the reset.
+            transport.write(_error(f"connection refused: {refused}"))
+            transport.close()
             return
         self.transport, self.peer = transport, Peer(uid, gid, pid)
         self.listener.connections[self.route] = self
@@ -163,6 +197,7 @@ class _Connection(asyncio.Protocol):
             self.listener.caps.forget(self.route)
             del self.listener.connections[self.route]
             self.transport = None
+            self._keep(0)
 
     def data_received(self, data: bytes) -> None:
         if self.transport is None or self.peer is None or self.closing:
@@ -183,7 +218,15 @@ class _Connection(asyncio.Protocol):
             self.waiting += 1
             self.listener._queue(LocalRequest(self.route, data, self.peer))
         del buffer[:offset]
-        self._flow()
+        self._keep(len(buffer))
+        self.flow()
+
+    def _keep(self, size: int) -> None:
+        """Count the ``size`` bytes of an unfinished message this connection
+        now holds in its user's budget."""
+        if self.peer is not None and size != self.held:
+            change, self.held = size - self.held, size
+            self.listener._hold(self.peer.uid, change)
 
     def _refuse_large(self, size: int) -> None:
         """Say why, then end the connection: what follows the header cannot
@@ -198,16 +241,17 @@ class _Connection(asyncio.Protocol):
             size,
             limit,
         )
-        error = Error(
-            code=int(ErrorCode.INVALID_MESSAGE),
-            message=f"the request is {size} bytes, over the server's "
-            f"[server] max_message_bytes ({limit})",
+        self.transport.write(
+            _error(
+                f"the request is {size} bytes, over the server's "
+                f"[server] max_message_bytes ({limit})",
+                ErrorCode.INVALID_MESSAGE,
+            )
         )
-        reply = encode(error, re=0)
-        self.transport.write(HEADER.pack(len(reply)) + reply)
         self.transport.close()
         self.closing = True
         self.buffer.clear()
+        self._keep(0)
 
     def gone(self) -> bool:
         """Whether the peer has closed its end: a command that gave up
@@ -230,13 +274,19 @@ class _Connection(asyncio.Protocol):
 
     def handled(self) -> None:
         self.waiting -= 1
-        self._flow()
+        self.flow()
 
-    def _flow(self) -> None:
-        """Read while few requests wait and the replies are taken."""
-        if self.transport is None:
+    def flow(self) -> None:
+        """Read while few requests wait, the replies are taken and the user's
+        unfinished messages are within budget."""
+        if self.transport is None or self.peer is None:
             return
         stop = self.waiting >= PENDING_PER_CONNECTION or self.writing_paused
+        if self.held and not stop and self.listener.over_budget(self.peer.uid):
+            # The user's oldest unfinished message goes on, so that some
+            # message always finishes and gives its room back.
+            holders = self.listener.holding(self.peer.uid)
+            stop = min(c.route for c in holders) != self.route
         if stop and not self.reading_paused:
             self.transport.pause_reading()
         elif not stop and self.reading_paused:
@@ -245,8 +295,14 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writing_paused = True
-        self._flow()
+        self.flow()
 
     def resume_writing(self) -> None:
         self.writing_paused = False
-        self._flow()
+        self.flow()
+
+
+def _error(message: str, code: ErrorCode = ErrorCode.UNAVAILABLE) -> bytes:
+    """An error that answers no request in particular (``re`` 0), framed."""
+    reply = encode(Error(code=int(code), message=message), re=0)
+    return HEADER.pack(len(reply)) + reply

@@ -15,12 +15,17 @@ else for them: the server's side is :mod:`minibatch.net.local`, the client's
 
 from __future__ import annotations
 
+import os
 import struct
+
+from minibatch.errors import InvalidArgument
 
 #: Each message's length, in front of it.
 HEADER = struct.Struct(">I")
 #: What replaces ``.sock`` in the ipc endpoint's file name (or is added to it).
 SUFFIX = ".commands"
+#: The longest path a unix socket may have on Linux (``sun_path`` less its NUL).
+MAX_PATH = 107
 
 
 def command_path(endpoint: str) -> str | None:
@@ -30,3 +35,14 @@ def command_path(endpoint: str) -> str | None:
         return None
     path = endpoint[len("ipc://") :]
     return path.removesuffix(".sock") + SUFFIX
+
+
+def check_path(path: str) -> None:
+    """Refuse a socket path the kernel cannot bind, naming it (a deep
+    ``MB_HOME``): binding would fail with a bare "AF_UNIX path too long"."""
+    size = len(os.fsencode(path))
+    if size > MAX_PATH:
+        raise InvalidArgument(
+            f"the socket path {path} is {size} bytes, over the {MAX_PATH} a unix "
+            "socket may have: use a shorter MB_HOME (or [server] endpoint)"
+        )

@@ -38,7 +38,7 @@ from minibatch.net.driver import Frames, SocketDriver
 from minibatch.net.guard import listen
 from minibatch.net.local import ROUTE_PREFIX, LocalListener, LocalRequest
 from minibatch.net.ratelog import RateLimitedLog
-from minibatch.net.stream import command_path
+from minibatch.net.stream import check_path, command_path
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import Error, Submit
 from minibatch.server import acctlog, booking, dispatch, liveness, mail, rollback
@@ -321,6 +321,10 @@ class Server:
 
     async def serve(self, stop: asyncio.Event) -> None:
         limits = self.config.server
+        local = command_path(self.endpoint)
+        if local is not None:  # an ipc endpoint, and the commands' socket beside it
+            check_path(self.endpoint.removeprefix("ipc://"))
+            check_path(local)
         sock, guard = listen(
             self.endpoint,
             max_message_bytes=limits.max_message_bytes,
@@ -334,7 +338,6 @@ class Server:
             self.tcp = CurveServer(sock, limits.listen, self.paths.server_keys)
         self.driver = SocketDriver(sock, self._on_router, BATCH)
         guard.start()
-        local = command_path(self.endpoint)
         if local is not None:
             self.local = LocalListener(
                 local,

@@ -131,9 +131,7 @@ def select(state: ServerState, selector: str, *, finished: bool = True) -> list[
     """
     text = selector.strip().split(".", 1)[0]
     base, bracket, rest = text.partition("[")
-    if not (base.isascii() and base.isdigit()) or (
-        bracket and not rest.endswith("]")
-    ):
+    if not (base.isascii() and base.isdigit()) or (bracket and not rest.endswith("]")):
         raise InvalidArgument(f"malformed job id {selector!r}")
     jid, index = int(base), rest[:-1] if bracket else None
     if index == "":

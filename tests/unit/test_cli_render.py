@@ -158,7 +158,9 @@ def test_qstat_full_running_job():
     assert attrs["exec_cpus"] == "node0:2-3"
     assert attrs["Output_Path"] == "/home/alice/sleep.o7"
     assert attrs["Error_Path"] == "/home/alice/sleep.e7"
-    assert attrs["Variable_List"] == "PBS_O_HOST=ws,PBS_O_WORKDIR=/home/alice"
+    # As Torque: qsub -v / -V variables too (its owner sees them).
+    want = "PBS_O_HOST=ws,PBS_O_WORKDIR=/home/alice,OTHER=x"
+    assert attrs["Variable_List"] == want
     assert attrs["submit_args"] == "-l ncpus=2 job.sh"
     for absent in ("comp_time", "exit_status", "comment", "estimated.start_time"):
         assert absent not in attrs

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import zmq
 
-from minibatch.errors import Unavailable
+from minibatch.errors import InvalidArgument, Unavailable
 from minibatch.net.client import Client
 from minibatch.net.driver import SocketDriver
 from minibatch.net.guard import Caps, listen
 from minibatch.net.local import LocalListener
 from minibatch.net.ratelog import RateLimitedLog
-from minibatch.net.stream import command_path
+from minibatch.net.stream import check_path, command_path
 from minibatch.protocol.messages import Status
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,12 +109,13 @@ async def test_the_commands_socket_counts_in_the_same_caps(
 
         await until(lambda: refused() >= 7, "7 connections refused")
         assert caps.by_uid == {uid: 3} and len(listener.connections) == 3
-        # The refused ones were ended: each reads the end of its connection.
-        ended = 0
+        # The refused ones were told why, then ended.
+        told = 0
         for sock in clients:
             with contextlib.suppress(TimeoutError):  # an admitted one
-                ended += await asyncio.wait_for(loop.sock_recv(sock, 1), 0.5) == b""
-        assert ended == 7
+                data = await asyncio.wait_for(loop.sock_recv(sock, 4096), 0.5)
+                told += b"max_connections_per_user" in data
+        assert told == 7
         for sock in clients:
             sock.close()
         await until(lambda: not caps.conns, "every connection forgotten")
@@ -158,3 +159,11 @@ def test_a_client_knows_at_once_that_no_server_serves(tmp_path: Path) -> None:
         thread.join()
         server.close()
         client.close()
+
+
+def test_a_socket_path_too_long_to_bind_is_named() -> None:
+    fits = "/tmp/" + "d" * 80 + "/s.commands"
+    check_path(fits)
+    deep = "/tmp/" + "d" * 92 + "/s.commands"
+    with pytest.raises(InvalidArgument, match=r"is 108 bytes, over the 107"):
+        check_path(deep)

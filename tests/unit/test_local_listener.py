@@ -169,9 +169,46 @@ def test_a_connection_over_its_users_cap_is_not_served() -> None:
     first.connection_made(t1)
     second.connection_made(t2)
     assert not t1.closed and t2.closed
+    # The command is told why, before its connection ends.
+    (size,) = HEADER.unpack_from(t2.written)
+    refusal = decode(t2.written[HEADER.size : HEADER.size + size]).body
+    assert isinstance(refusal, Error)
+    assert "max_connections_per_user" in refusal.message
     assert owner.caps.by_uid == {PEER[1]: 1}
     second.data_received(framed(b"x"))  # nothing is read from it
     assert owner._pending == []
     first.connection_lost(None)
     second.connection_lost(None)
     assert not owner.caps.conns and not owner.connections
+
+
+def test_a_users_unfinished_messages_hold_at_most_about_one_largest() -> None:
+    """Many connections each halfway through a large message would hold the
+    server's memory: past one largest message in all, only the user's oldest
+    unfinished message is read on; the others wait for its room."""
+
+    async def run() -> None:
+        delivered: list[LocalRequest] = []
+        owner = listener(delivered)
+        older, newer = _Connection(owner), _Connection(owner)
+        t_old, t_new = Transport(), Transport()
+        older.connection_made(t_old)
+        newer.connection_made(t_new)
+        first, second = b"a" * 900, b"b" * 900
+        older.data_received(framed(first)[:500])
+        assert not t_old.paused and owner.partial[PEER[1]] == 500
+        newer.data_received(framed(second)[:600])  # 1,100 > 1,000 held
+        assert t_new.paused and not t_old.paused
+        older.data_received(framed(first)[500:])  # done: its room is back
+        assert not t_new.paused and owner.partial[PEER[1]] == 600
+        newer.data_received(framed(second)[600:])
+        await settle()
+        assert [r.data for r in delivered] == [first, second]
+        assert not owner.partial
+        # A connection that ends halfway gives its room back too.
+        newer.data_received(framed(second)[:300])
+        assert owner.partial[PEER[1]] == 300
+        newer.connection_lost(None)
+        assert not owner.partial
+
+    asyncio.run(run())
