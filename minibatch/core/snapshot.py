@@ -146,6 +146,10 @@ class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     #: How many jobs the plan should name as ``upcoming`` (0: none; the
     #: simulator plans every instant and has no use for them).
     upcoming: int = 0
+    #: Whether the plan must say why jobs wait (``Plan.reasons`` and
+    #: ``default_reason``). False lets a policy leave them empty: the
+    #: simulator keeps no reasons and asks for none.
+    reasons: bool = True
 
 
 class Start(msgspec.Struct, frozen=True):

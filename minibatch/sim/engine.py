@@ -380,6 +380,7 @@ class Simulator:
                 fairshare=no_usage if ledger is None else ledger.view(now),
                 accuracy=no_accuracy if history is None else history.view(),
                 qos=qos,
+                reasons=False,
             )
             if meter is None:
                 plan = policy_plan(snap)

@@ -5,7 +5,8 @@ various times, some past their requested time, queues of one- and many-node
 jobs, upcoming jobs asked for or not), the fast plan must be the general
 path's plan field for field: starts on the same nodes, the reservation, every
 reason, the default reason, upcoming and backfilled jobs. Where memory, GPUs,
-features or reservations count, it must step aside.
+features or reservations count, it must step aside. When the snapshot asks
+for no reasons (the simulator's), it is the same plan without them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibatch.core.snapshot import ClusterSnapshot, ReservationView
+from minibatch.core.snapshot import ClusterSnapshot, Plan, ReservationView
 from minibatch.policy import cpuonly, registry
 from tests.unit.test_policy_snapshots import job, running, snap
 
@@ -72,6 +73,43 @@ def test_the_cpu_only_plan_is_the_general_plan(s):
     assert fast is not None
     assert fast == general("easy", s)
     assert registry.load("easy", {}).plan(s) == fast
+
+
+@settings(max_examples=500, deadline=None)
+@given(cpu_clusters())
+def test_without_reasons_it_is_the_same_plan_less_the_reasons(s):
+    said = cpuonly.plan(s, s.pending, True)
+    quiet = cpuonly.plan(_with(s, reasons=False), s.pending, True)
+    assert said is not None
+    assert quiet == _unreasoned(said)
+
+
+def _unreasoned(plan: Plan) -> Plan:
+    return msgspec.structs.replace(plan, reasons={}, default_reason="")
+
+
+@settings(max_examples=300, deadline=None)
+@given(cpu_clusters(), st.data())
+def test_without_reasons_jobs_asking_for_more_still_take_the_general_path(s, data):
+    # Without reasons the fast plan only looks at jobs that could start; any
+    # such job that asks for memory, GPUs, a feature or a reservation must
+    # still send the pass the general way.
+    odd = {
+        "mem": lambda j: _with(j, request=_with(j.request, mem_kb=8)),
+        "gpus": lambda j: _with(j, request=_with(j.request, gpus=1)),
+        "features": lambda j: _with(j, features=("big",)),
+        "advres": lambda j: _with(j, advres="r"),
+    }
+    pending = [
+        odd[data.draw(st.sampled_from(sorted(odd)))](j)
+        if data.draw(st.integers(0, 5)) == 0
+        else j
+        for j in s.pending
+    ]
+    s = _with(s, pending=pending, reasons=False)
+    assert _unreasoned(registry.load("easy", {}).plan(s)) == _unreasoned(
+        general("easy", s)
+    )
 
 
 @settings(max_examples=200, deadline=None)
