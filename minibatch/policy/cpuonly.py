@@ -124,6 +124,9 @@ def plan(
             ppn = req.ppn
             if ppn > widest and not say:
                 continue  # it cannot start, and nobody asks why
+            late = now + req.walltime > shadow
+            if late and ppn > roomiest and not say:
+                continue  # the same, for want of room past the shadow time
             if job.advres:
                 return None
             if widest == 0:
@@ -132,7 +135,6 @@ def plan(
             if job.features or req.mem_kb or req.gpus or ppn < 1:
                 return None
             count = req.nodes
-            late = now + req.walltime > shadow
             if ppn <= (roomiest if late else widest):
                 # Always a fit for one node; many may not fit together.
                 key = (count, ppn, late)
