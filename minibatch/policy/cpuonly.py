@@ -39,7 +39,7 @@ is most of what EASY costs there (docs/benchmarks.md, "Simulator").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import cast
 
 from minibatch.core.job import JobRequest
@@ -210,9 +210,21 @@ def _earliest(
     None if ``count`` nodes never have ``ppn`` CPUs free."""
     now, nodes = snap.now, snap.nodes
     if len(nodes) == 1:  # a flat pool: no node to choose, once a pass
-        steps = cast(Steps, releases(snap, (nodes[0].name,), plain=True)[0])
-        steps += [(end, cpus) for end, _, cpus in ends]
-        steps.sort()
+        only = nodes[0].name
+        order = snap.running_by_end
+        steps: Iterable[tuple[float, int]]
+        if order is not None and not ends:
+            # Already in time order: read only as far as the head needs.
+            steps = (
+                (r.start_time + r.walltime, cpus)
+                for r in order
+                for name, cpus in r.nodes
+                if name == only
+            )
+        else:
+            steps = cast(Steps, releases(snap, (only,), plain=True)[0])
+            steps += [(end, cpus) for end, _, cpus in ends]
+            steps.sort()
         found = _climb(steps, free[0], ppn, now)
         if found is None or count > 1:
             return None
@@ -238,10 +250,13 @@ def _earliest(
     return shadow, extra
 
 
-def _climb(steps: Steps, c: int, ppn: int, t: float) -> tuple[float, int] | None:
+def _climb(
+    steps: Iterable[tuple[float, int]], c: int, ppn: int, t: float
+) -> tuple[float, int] | None:
     """The first time from ``t`` on that a node with ``c`` CPUs free at ``t``
-    has ``ppn`` free, given what it gets back (``steps``, sorted), and what it
-    has free then (every release at that instant counts); None if never."""
+    has ``ppn`` free, given what it gets back (``steps``, in time order; one
+    before ``t`` comes back at ``t``), and what it has free then (every
+    release at that instant counts); None if never."""
     for end, cpus in steps:
         if end > t:
             if c >= ppn:

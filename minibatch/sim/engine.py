@@ -45,6 +45,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -181,6 +182,8 @@ class Simulator:
             r.malleable for r in (backlog.running if backlog else ())
         )
         self.skip_quiet = skip_quiet and not malleable and "fairshare" not in self.needs
+        # Resizes move a malleable job's limit: no running jobs by end then.
+        self.by_end = not malleable
         # A backlog's queue may hold jobs that never fit, or in reservations.
         reach = None if backlog else prediction_reach(policy)
         self.reach: float = math.inf if reach is None else reach
@@ -272,6 +275,13 @@ class Simulator:
                     busy.id, busy.user, busy.group, busy.account, rate, busy.start_time
                 )
         by_id.update((j.id, j) for j in queued)
+        # The running jobs by (start + requested time, id), and those keys,
+        # for ``snap.running_by_end``: a policy that wants what ends first
+        # walks it rather than sorting every running job every pass.
+        by_end: list[RunningView] | None = None
+        keys = sorted((r.start_time + r.walltime, r.id) for r in running.values())
+        if self.by_end:
+            by_end = [running[jid] for _, jid in keys]
         qos = {} if backlog is None else dict(backlog.qos)
         # Quiet passes: a heap of the queued jobs' (CPUs per node, id); the
         # entry of a job that left the queue (none comes back) stays until it
@@ -300,6 +310,7 @@ class Simulator:
         no_usage = FairshareView()
         no_accuracy: dict[str, tuple[float, ...]] = {}
         instants = passes = quiet = 0
+        running_jobs, queued_jobs = running.values(), queue.values()
         # Submit times, and one past the last job: never reached.
         submits = [j.submit for j in jobs]
         submits.append(math.inf)
@@ -321,6 +332,9 @@ class Simulator:
                 done = running.pop(jid, None)
                 if done is None:
                     continue  # the end a resize moved, of a job now gone
+                if by_end is not None:
+                    at = bisect_left(keys, (done.start_time + done.walltime, jid))
+                    del keys[at], by_end[at]
                 if accounting:
                     if ledger is not None:
                         ledger.end(jid, end)
@@ -386,8 +400,9 @@ class Simulator:
                 now=now,
                 generation=clock.version,
                 nodes=node_views,
-                running=RecordView(running, clock),
-                pending=RecordView(queue, clock),
+                running=RecordView(running_jobs, clock),
+                pending=RecordView(queued_jobs, clock),
+                running_by_end=None if by_end is None else RecordView(by_end, clock),
                 reservations=active,
                 fairshare=no_usage if ledger is None else ledger.view(now),
                 accuracy=no_accuracy if history is None else history.view(),
@@ -469,7 +484,7 @@ class Simulator:
                         run = float(req.walltime)
                     end = now + run
                     walltime = float(req.walltime)
-                running[jid] = RunningView(
+                running[jid] = view = RunningView(
                     id=jid,
                     user=pending.user,
                     nodes=tuple([(name, req.ppn) for name in names]),
@@ -486,6 +501,11 @@ class Simulator:
                     submit_time=pending.submit_time,
                     req_walltime=asked.walltime,
                 )
+                if by_end is not None:
+                    key = (now + walltime, jid)
+                    at = bisect_left(keys, key)
+                    keys.insert(at, key)
+                    by_end.insert(at, view)
                 if ledger is not None:
                     rate = rate_of(req.ppn * len(names), req.mem_kb)
                     ledger.start(

@@ -6,7 +6,8 @@ jobs, upcoming jobs asked for or not), the fast plan must be the general
 path's plan field for field: starts on the same nodes, the reservation, every
 reason, the default reason, upcoming and backfilled jobs. Where memory, GPUs,
 features or reservations count, it must step aside. When the snapshot asks
-for no reasons (the simulator's), it is the same plan without them.
+for no reasons (the simulator's), it is the same plan without them; when it
+lists the running jobs by end (the simulator's index), the same plan.
 """
 
 from __future__ import annotations
@@ -82,6 +83,16 @@ def test_without_reasons_it_is_the_same_plan_less_the_reasons(s):
     quiet = cpuonly.plan(_with(s, reasons=False), s.pending, True)
     assert said is not None
     assert quiet == _unreasoned(said)
+
+
+@settings(max_examples=500, deadline=None)
+@given(cpu_clusters(), st.booleans())
+def test_the_running_jobs_by_end_change_nothing(s, reasons):
+    # The simulator's index (ClusterSnapshot.running_by_end) against none.
+    s = _with(s, reasons=reasons)
+    ordered = sorted(s.running, key=lambda r: (r.start_time + r.walltime, -r.id))
+    indexed = cpuonly.plan(_with(s, running_by_end=ordered), s.pending, True)
+    assert indexed == cpuonly.plan(s, s.pending, True)
 
 
 def _unreasoned(plan: Plan) -> Plan:
