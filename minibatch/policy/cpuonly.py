@@ -111,10 +111,15 @@ def plan(
     # its extra, and a job that would not its free CPUs.
     backfilled: list[int] = []
     default = ""
-    if head is not None:
-        room = [c if i not in extra else min(c, extra[i]) for i, c in enumerate(free)]
+    if head is not None and (widest or say):  # else nothing more can start
+        room = free.copy()
+        for i, c in extra.items():
+            if c < room[i]:
+                room[i] = c
         roomiest = max(room)
-        blocked = f"would delay job {head}'s reservation (walltime too long)"
+        blocked = (
+            f"would delay job {head}'s reservation (walltime too long)" if say else ""
+        )
         # Until something starts: the shapes (nodes, CPUs, late) of many
         # nodes that did not fit, and the reason each shape gets.
         failed: set[tuple[int, int, bool]] = set()
@@ -138,7 +143,7 @@ def plan(
             if ppn <= (roomiest if late else widest):
                 # Always a fit for one node; many may not fit together.
                 key = (count, ppn, late)
-                if key not in failed:
+                if count == 1 or key not in failed:
                     chosen = _first_fit(room if late else free, count, ppn)
                     if chosen is not None:
                         for i in chosen:
