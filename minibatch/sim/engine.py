@@ -21,7 +21,10 @@ Speed comes from sharing, not from a special policy API: each job's
 start; the queue and the running set are insertion-ordered dicts, and a snapshot
 gets read-only *views* of them (:class:`~minibatch.sim.views.RecordView`), so a
 pass never copies or re-sorts the queue. A view refuses to be read after the
-simulator has moved on.
+simulator has moved on. The running jobs are also kept in order of their
+requested end, a derived index a snapshot gets a view of
+(``running_by_end``; none with malleable jobs, whose limits move), and
+snapshots ask for no reasons (``reasons=False``): the simulator keeps none.
 
 A simulation may also start from a machine already at work (a :class:`Backlog`:
 jobs running and queued at an instant, as :mod:`minibatch.sim.whatif` takes them
@@ -183,7 +186,7 @@ class Simulator:
         )
         self.skip_quiet = skip_quiet and not malleable and "fairshare" not in self.needs
         # Resizes move a malleable job's limit: no running jobs by end then.
-        self.by_end = not malleable
+        self.keep_by_end = not malleable
         # A backlog's queue may hold jobs that never fit, or in reservations.
         reach = None if backlog else prediction_reach(policy)
         self.reach: float = math.inf if reach is None else reach
@@ -275,12 +278,12 @@ class Simulator:
                     busy.id, busy.user, busy.group, busy.account, rate, busy.start_time
                 )
         by_id.update((j.id, j) for j in queued)
-        # The running jobs by (start + requested time, id), and those keys,
-        # for ``snap.running_by_end``: a policy that wants what ends first
-        # walks it rather than sorting every running job every pass.
+        # The running jobs in order of their keys, (start + requested time,
+        # id), for ``snap.running_by_end``: a policy that wants what ends
+        # first reads it rather than sorting every running job every pass.
         by_end: list[RunningView] | None = None
         keys = sorted((r.start_time + r.walltime, r.id) for r in running.values())
-        if self.by_end:
+        if self.keep_by_end:
             by_end = [running[jid] for _, jid in keys]
         qos = {} if backlog is None else dict(backlog.qos)
         # Quiet passes: a heap of the queued jobs' (CPUs per node, id); the
