@@ -21,10 +21,11 @@ Speed comes from sharing, not from a special policy API: each job's
 start; the queue and the running set are insertion-ordered dicts, and a snapshot
 gets read-only *views* of them (:class:`~minibatch.sim.views.RecordView`), so a
 pass never copies or re-sorts the queue. A view refuses to be read after the
-simulator has moved on. The running jobs are also kept in order of their
-requested end, a derived index a snapshot gets a view of
-(``running_by_end``; none with malleable jobs, whose limits move), and
-snapshots ask for no reasons (``reasons=False``): the simulator keeps none.
+simulator has moved on. For a policy that asks (``needs``, below), the running
+jobs are also kept in order of their requested end, a derived index a snapshot
+gets a view of (``running_by_end``; none with malleable jobs, whose limits
+move). Snapshots ask for no reasons (``reasons=False``): the simulator keeps
+none.
 
 A simulation may also start from a machine already at work (a :class:`Backlog`:
 jobs running and queued at an instant, as :mod:`minibatch.sim.whatif` takes them
@@ -40,7 +41,8 @@ Usage and accuracy: a policy that declares ``needs`` ("fairshare", "accuracy"; s
 and group, from a :class:`~minibatch.core.usage.UsageLedger` fed with every start
 and end, under the policy's ``fairshare_config``) and ``snap.accuracy`` (each
 user's last 10 run/requested ratios, updated at every end), exactly as the server
-computes them. Other policies pay nothing for it.
+computes them; one that declares "running_by_end" (EASY) gets
+``snap.running_by_end``. Other policies pay nothing for it.
 """
 
 from __future__ import annotations
@@ -186,7 +188,7 @@ class Simulator:
         )
         self.skip_quiet = skip_quiet and not malleable and "fairshare" not in self.needs
         # Resizes move a malleable job's limit: no running jobs by end then.
-        self.keep_by_end = not malleable
+        self.keep_by_end = "running_by_end" in self.needs and not malleable
         # A backlog's queue may hold jobs that never fit, or in reservations.
         reach = None if backlog else prediction_reach(policy)
         self.reach: float = math.inf if reach is None else reach

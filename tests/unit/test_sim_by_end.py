@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan, RunningView
-from minibatch.policy.backfill import Easy
+from minibatch.policy.backfill import Conservative, Easy
 from minibatch.sim import downtime
 from minibatch.sim.backlog import Backlog
 from minibatch.sim.downtime import Downtime
@@ -34,6 +34,7 @@ class Checked:
     with: the simulator's index, one sorted from scratch, or none."""
 
     name: ClassVar[str] = "checked"
+    needs = frozenset({"running_by_end"})
 
     def __init__(self, index: str = "kept") -> None:
         self.inner = Easy()
@@ -105,6 +106,23 @@ def test_a_backlog_starts_in_the_index():
     arrival = tj(2, 50.0, 10.0, 1, machine=machine)  # a pass at the backlog's now
     Simulator(First(), machine, [arrival], backlog=backlog).run()
     assert seen[0] == [11, 12, 10]
+
+
+def test_only_a_policy_that_asks_gets_the_index():
+    assert "running_by_end" in Easy().needs
+    assert "running_by_end" not in Conservative().needs
+    m = Machine.pool(4)
+    seen: list[object] = []
+
+    class Indifferent(Checked):
+        needs = frozenset()
+
+        def plan(self, snap: ClusterSnapshot) -> Plan:
+            seen.append(snap.running_by_end)
+            return super().plan(snap)
+
+    Simulator(Indifferent(), m, [tj(1, 0, 10, 2, machine=m), tj(2, 1, 5, 4)]).run()
+    assert seen and seen == [None] * len(seen)
 
 
 def test_no_index_when_limits_move():
