@@ -43,7 +43,7 @@ from collections.abc import Iterable, Sequence
 from typing import cast
 
 from minibatch.core.job import JobRequest
-from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan, Start
+from minibatch.core.snapshot import ClusterSnapshot, NodeView, PendingView, Plan, Start
 from minibatch.policy.base import NEVER, reserved_reason, waiting_reason
 from minibatch.policy.book import releases
 from minibatch.policy.planning import upcoming
@@ -59,16 +59,17 @@ def plan(
     """EASY's plan of ``snap`` walking ``queue``, or None when memory, GPUs,
     features or reservations count (see the module docstring)."""
     nodes = snap.nodes
+    free: list[int] = []  # per node, as the pass takes them
     for n in nodes:
         if n.free_mem_kb is not None or n.gpus:
             return None
+        free.append(n.free_cpus)
     now = snap.now
     for r in snap.reservations:
         if r.end > now:
             return None
     say = snap.reasons
-    free = [n.free_cpus for n in nodes]
-    widest = max(free, default=0)
+    widest = max(free) if free else 0
     starts: list[Start] = []
     reasons: dict[int, str] = {}
     predicted: dict[int, float] = {}
@@ -90,7 +91,7 @@ def plan(
                 for i in chosen:
                     free[i] -= ppn
                     ends.append((end, i, ppn))
-                starts.append(Start(job.id, tuple([nodes[i].name for i in chosen])))
+                starts.append(Start(job.id, _names(nodes, chosen)))
                 widest = max(free)
                 continue
         found = _earliest(snap, free, ends, count, ppn)
@@ -153,8 +154,7 @@ def plan(
                                     extra[i] -= ppn
                                 c = min(c, extra[i])
                             room[i] = c
-                        names = tuple([nodes[i].name for i in chosen])
-                        starts.append(Start(job.id, names))
+                        starts.append(Start(job.id, _names(nodes, chosen)))
                         backfilled.append(job.id)
                         widest, roomiest = max(free), max(room)
                         failed.clear()
@@ -190,6 +190,12 @@ def _first_fit(free: list[int], count: int, ppn: int) -> list[int] | None:
         return None
     chosen = [i for i, c in enumerate(free) if c >= ppn][:count]
     return chosen if len(chosen) == count else None
+
+
+def _names(nodes: Sequence[NodeView], chosen: list[int]) -> tuple[str, ...]:
+    if len(chosen) == 1:  # most jobs: no comprehension to set up
+        return (nodes[chosen[0]].name,)
+    return tuple([nodes[i].name for i in chosen])
 
 
 def _why(
