@@ -193,6 +193,7 @@ def _first_fit(free: list[int], count: int, ppn: int) -> list[int] | None:
 
 
 def _names(nodes: Sequence[NodeView], chosen: list[int]) -> tuple[str, ...]:
+    """The names of the ``chosen`` nodes, for a start."""
     if len(chosen) == 1:  # most jobs: no comprehension to set up
         return (nodes[chosen[0]].name,)
     return tuple([nodes[i].name for i in chosen])
@@ -220,7 +221,9 @@ def _earliest(
     its nodes, the extra CPUs (free at the shadow time, less the head's);
     None if ``count`` nodes never have ``ppn`` CPUs free."""
     now, nodes = snap.now, snap.nodes
-    if len(nodes) == 1:  # a flat pool: no node to choose, once a pass
+    if len(nodes) == 1:  # a flat pool: no node to choose
+        if count > 1:
+            return None  # it needs more nodes than there are
         only = nodes[0].name
         order = snap.running_by_end
         steps: Iterable[tuple[float, int]]
@@ -237,9 +240,7 @@ def _earliest(
             steps += [(end, cpus) for end, _, cpus in ends]
             steps.sort()
         found = _climb(steps, free[0], ppn, now)
-        if found is None or count > 1:
-            return None
-        return found[0], {0: found[1] - ppn}
+        return None if found is None else (found[0], {0: found[1] - ppn})
     steps_of = cast(list[Steps], releases(snap, [n.name for n in nodes], plain=True))
     for end, i, cpus in ends:
         steps_of[i].append((end, cpus))
