@@ -284,8 +284,9 @@ class Simulator:
         # id), for ``snap.running_by_end``: a policy that wants what ends
         # first reads it rather than sorting every running job every pass.
         by_end: list[RunningView] | None = None
-        keys = sorted((r.start_time + r.walltime, r.id) for r in running.values())
+        keys: list[tuple[float, int]] = []
         if self.keep_by_end:
+            keys = sorted((r.start_time + r.walltime, r.id) for r in running.values())
             by_end = [running[jid] for _, jid in keys]
         qos = {} if backlog is None else dict(backlog.qos)
         # Quiet passes: a heap of the queued jobs' (CPUs per node, id); the
