@@ -118,6 +118,7 @@ def plan(
             if c < room[i]:
                 room[i] = c
         roomiest = max(room)
+        total = sum(free)
         blocked = (
             f"would delay job {head}'s reservation (walltime too long)" if say else ""
         )
@@ -135,8 +136,9 @@ def plan(
                 continue  # the same, for want of room past the shadow time
             if job.advres:
                 return None
-            if widest == 0:
-                default = f"queued behind job {head} (no free CPUs)"
+            if total == 0:
+                if say:
+                    default = f"queued behind job {head} (no free CPUs)"
                 break
             if job.features or req.mem_kb or req.gpus or ppn < 1:
                 return None
@@ -157,9 +159,10 @@ def plan(
                         starts.append(Start(job.id, _names(nodes, chosen)))
                         backfilled.append(job.id)
                         widest, roomiest = max(free), max(room)
+                        total -= count * ppn
                         failed.clear()
                         said.clear()
-                        if widest == 0 and not say:
+                        if total == 0 and not say:
                             break
                         continue
                     failed.add(key)

@@ -59,6 +59,14 @@ def cpu_clusters(draw: st.DrawFn) -> ClusterSnapshot:
         for k in range(draw(st.integers(1, 25)))
     ]
     s = snap(caps, runs, pending, now=now)
+    if draw(st.integers(0, 5)) == 0:
+        # A node holding more than it has (a node back with fewer CPUs than
+        # its jobs hold): free CPUs below zero.
+        i = draw(st.integers(0, count - 1))
+        nodes = list(s.nodes)
+        over = nodes[i].free_cpus - draw(st.integers(1, 3))
+        nodes[i] = msgspec.structs.replace(nodes[i], free_cpus=over)
+        s = _with(s, nodes=tuple(nodes))
     upcoming = draw(st.sampled_from([0, 0, 3]))
     return s if not upcoming else _with(s, upcoming=upcoming)
 
@@ -128,6 +136,20 @@ def test_without_reasons_jobs_asking_for_more_still_take_the_general_path(s, dat
 def test_in_another_priority_order_too(s):
     # Maui hands EASY the queue in its priority order.
     assert registry.load("maui", {}).plan(s) == general("maui", s)
+
+
+def test_a_node_holding_more_than_it_has():
+    # n0 has -1 CPU free, n1 one: no CPU free in all, and the general path
+    # stops at job 2 though it would fit on n1.
+    runs = [running(8, {"n0": 1}, 0.0, 10.0), running(9, {"n0": 1}, 0.0, 10.0)]
+    s = snap([2, 1], runs, [job(1, 1, 5, nodes=2), job(2, 1, 5)])
+    over = msgspec.structs.replace(s.nodes[0], free_cpus=-1)
+    s = _with(s, nodes=(over, s.nodes[1]))
+    said = cpuonly.plan(s, s.pending, True)
+    assert said == general("easy", s) and not said.starts
+    assert said.default_reason == "queued behind job 1 (no free CPUs)"
+    quiet = cpuonly.plan(_with(s, reasons=False), s.pending, True)
+    assert quiet == _unreasoned(said)
 
 
 def test_memory_gpus_features_and_reservations_take_the_general_path():
