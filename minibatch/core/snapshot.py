@@ -146,6 +146,15 @@ class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     #: How many jobs the plan should name as ``upcoming`` (0: none; the
     #: simulator plans every instant and has no use for them).
     upcoming: int = 0
+    #: The jobs of ``running`` again, in order of ``start_time + walltime``
+    #: (ties in any order), or None. A derived index the simulator keeps as
+    #: jobs start and end, so that a policy finds what ends first without
+    #: sorting them all; a policy must plan the same without it.
+    running_by_end: Sequence[RunningView] | None = None
+    #: Whether the plan must say why jobs wait (``Plan.reasons`` and
+    #: ``default_reason``). False lets a policy leave them empty: the
+    #: simulator keeps no reasons and asks for none.
+    reasons: bool = True
 
 
 class Start(msgspec.Struct, frozen=True):

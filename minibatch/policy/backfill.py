@@ -140,6 +140,9 @@ class Backfill:
         self.metric = as_choice("metric", metric, METRICS)
         self.selection = selection(select, self.metric)
         self.order = as_order("order", order)
+        # EASY with first fit may plan on CPUs alone, from what ends first.
+        simple = self.depth == 1 and self.selection is None
+        self.needs = frozenset({"running_by_end"} if simple else ())
 
     def plan(self, snap: ClusterSnapshot) -> Plan:
         # One long method on purpose: it runs on every scheduling pass, and

@@ -21,7 +21,16 @@ snapshots. Why it holds:
   *shadow time*): a job fits on a node of the head if it ends by then, or if
   what the node has free at the shadow time, less the head's CPUs (its
   *extra*), holds it too. Each start that runs past the shadow time takes
-  from the extra.
+  from the extra. So a job that would end by then fits where a node has its
+  CPUs free, and one that would not where a node has them in its *room*, the
+  lesser of its free CPUs and its extra: one comparison with the widest node
+  (or the roomiest) rules out most jobs without a fit test.
+
+A snapshot that asks for no reasons (``reasons=False``: the simulator, which
+keeps none) gets the same plan less ``reasons`` and ``default_reason``, and
+its jobs wider than every node's free CPUs are passed over after reading their
+CPUs alone: nothing about them can change the plan. So the cost of a pass is
+one look at each queued job, most of which cannot start.
 
 :func:`plan` returns None when the snapshot is not such a case, and the caller
 plans it the general way. The simulator plans ~60,000 times a trace, and this
@@ -30,14 +39,18 @@ is most of what EASY costs there (docs/benchmarks.md, "Simulator").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import cast
 
-from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan, Start
+from minibatch.core.job import JobRequest
+from minibatch.core.snapshot import ClusterSnapshot, NodeView, PendingView, Plan, Start
 from minibatch.policy.base import NEVER, reserved_reason, waiting_reason
 from minibatch.policy.book import releases
 from minibatch.policy.planning import upcoming
 
 INF = float("inf")
+#: What a node gets back, (time, CPUs): a plain profile's releases.
+Steps = list[tuple[float, int]]
 
 
 def plan(
@@ -46,20 +59,21 @@ def plan(
     """EASY's plan of ``snap`` walking ``queue``, or None when memory, GPUs,
     features or reservations count (see the module docstring)."""
     nodes = snap.nodes
+    free: list[int] = []  # per node, as the pass takes them
     for n in nodes:
         if n.free_mem_kb is not None or n.gpus:
             return None
+        free.append(n.free_cpus)
     now = snap.now
     for r in snap.reservations:
         if r.end > now:
             return None
-    free = [n.free_cpus for n in nodes]
-    widest = max(free, default=0)
+    say = snap.reasons
+    widest = max(free) if free else 0
     starts: list[Start] = []
     reasons: dict[int, str] = {}
     predicted: dict[int, float] = {}
     ends: list[tuple[float, int, int]] = []  # (end, node, cpus) of starts so far
-    waiting: dict[tuple[int, int], str] = {}
     jobs = iter(queue)
     head: int | None = None
     shadow: float = INF
@@ -77,75 +91,87 @@ def plan(
                 for i in chosen:
                     free[i] -= ppn
                     ends.append((end, i, ppn))
-                starts.append(Start(job.id, tuple([nodes[i].name for i in chosen])))
+                starts.append(Start(job.id, _names(nodes, chosen)))
                 widest = max(free)
-                waiting.clear()
                 continue
-        base = waiting.get((count, ppn))
-        if base is None:
-            base = waiting[(count, ppn)] = waiting_reason(req, widest)
         found = _earliest(snap, free, ends, count, ppn)
+        base = waiting_reason(req, widest) if say else ""
         if found is None:
-            reasons[job.id] = f"{base}; {NEVER}"
+            if say:
+                reasons[job.id] = f"{base}; {NEVER}"
             continue  # it never fits: it holds no reservation
         shadow, extra = found
         head = job.id
         predicted[head] = shadow
-        reasons[head] = reserved_reason(base, shadow, now)
+        if say:
+            reasons[head] = reserved_reason(base, shadow, now)
         break
     # 2. First fit for the rest: nothing may run past the shadow time on the
-    # head's nodes unless their extra CPUs hold it.
+    # head's nodes unless their extra CPUs hold it, so a job that would
+    # (``late``) may take a node's ``room``, the lesser of its free CPUs and
+    # its extra, and a job that would not its free CPUs.
     backfilled: list[int] = []
     default = ""
-    if head is not None:
+    if head is not None and (widest or say):  # else nothing more can start
+        room = free.copy()
+        for i, c in extra.items():
+            if c < room[i]:
+                room[i] = c
+        roomiest = max(room)
         total = sum(free)
-        blocked = f"would delay job {head}'s reservation (walltime too long)"
-        # Why a (nodes, CPUs, past the shadow time) shape did not start, until
-        # something starts: every job of that shape fails the same way.
+        blocked = (
+            f"would delay job {head}'s reservation (walltime too long)" if say else ""
+        )
+        # Until something starts: the shapes (nodes, CPUs, late) of many
+        # nodes that did not fit, and the reason each shape gets.
+        failed: set[tuple[int, int, bool]] = set()
         said: dict[tuple[int, int, bool], str] = {}
         for job in jobs:
+            req = job.request
+            ppn = req.ppn
+            if ppn > widest and not say:
+                continue  # it cannot start, and nobody asks why
+            late = now + req.walltime > shadow
+            if late and ppn > roomiest and not say:
+                continue  # the same, for want of room past the shadow time
             if job.advres:
                 return None
             if total == 0:
-                default = f"queued behind job {head} (no free CPUs)"
+                if say:
+                    default = f"queued behind job {head} (no free CPUs)"
                 break
-            req = job.request
-            if job.features or req.mem_kb or req.gpus:
+            if job.features or req.mem_kb or req.gpus or ppn < 1:
                 return None
-            count, ppn = req.nodes, req.ppn
-            end = now + req.walltime
-            late = end > shadow
-            key = (count, ppn, late)
-            text = said.get(key)
-            if text is not None:
-                reasons[job.id] = text
-                continue
-            if ppn < 1:
-                return None
-            if ppn <= widest:
-                chosen = []
-                for i, c in enumerate(free):
-                    if c >= ppn and (not late or extra.get(i, c) >= ppn):
-                        chosen.append(i)
-                        if len(chosen) == count:
+            count = req.nodes
+            if ppn <= (roomiest if late else widest):
+                # Always a fit for one node; many may not fit together.
+                key = (count, ppn, late)
+                if count == 1 or key not in failed:
+                    chosen = _first_fit(room if late else free, count, ppn)
+                    if chosen is not None:
+                        for i in chosen:
+                            c = free[i] = free[i] - ppn
+                            if i in extra:
+                                if late:
+                                    extra[i] -= ppn
+                                c = min(c, extra[i])
+                            room[i] = c
+                        starts.append(Start(job.id, _names(nodes, chosen)))
+                        backfilled.append(job.id)
+                        widest, roomiest = max(free), max(room)
+                        total -= count * ppn
+                        failed.clear()
+                        said.clear()
+                        if total == 0 and not say:
                             break
-                if len(chosen) == count:
-                    for i in chosen:
-                        free[i] -= ppn
-                        if late and i in extra:
-                            extra[i] -= ppn
-                    total -= count * ppn
-                    names = tuple([nodes[i].name for i in chosen])
-                    starts.append(Start(job.id, names))
-                    backfilled.append(job.id)
-                    widest = max(free)
-                    said.clear()
-                    continue
-                if late and (count == 1 or sum(c >= ppn for c in free) >= count):
-                    reasons[job.id] = said[key] = blocked
-                    continue
-            # It does not fit even where nothing is reserved.
-            reasons[job.id] = said[key] = waiting_reason(req, widest)
+                        continue
+                    failed.add(key)
+            if say:
+                key = (count, ppn, late)
+                text = said.get(key)
+                if text is None:
+                    text = said[key] = _why(req, free, widest, late, blocked)
+                reasons[job.id] = text
     return Plan(
         generation=snap.generation,
         starts=starts,
@@ -169,6 +195,24 @@ def _first_fit(free: list[int], count: int, ppn: int) -> list[int] | None:
     return chosen if len(chosen) == count else None
 
 
+def _names(nodes: Sequence[NodeView], chosen: list[int]) -> tuple[str, ...]:
+    """The names of the ``chosen`` nodes, for a start."""
+    if len(chosen) == 1:  # most jobs: no comprehension to set up
+        return (nodes[chosen[0]].name,)
+    return tuple([nodes[i].name for i in chosen])
+
+
+def _why(
+    req: JobRequest, free: list[int], widest: int, late: bool, blocked: str
+) -> str:
+    """Why a job after the head does not start: it would delay the head, or
+    it does not fit even where nothing is reserved."""
+    count, ppn = req.nodes, req.ppn
+    if late and ppn <= widest and (count == 1 or sum(c >= ppn for c in free) >= count):
+        return blocked
+    return waiting_reason(req, widest)
+
+
 def _earliest(
     snap: ClusterSnapshot,
     free: list[int],
@@ -180,31 +224,58 @@ def _earliest(
     its nodes, the extra CPUs (free at the shadow time, less the head's);
     None if ``count`` nodes never have ``ppn`` CPUs free."""
     now, nodes = snap.now, snap.nodes
-    steps_of = releases(snap, [n.name for n in nodes], plain=True)
+    if len(nodes) == 1:  # a flat pool: no node to choose
+        if count > 1:
+            return None  # it needs more nodes than there are
+        only = nodes[0].name
+        order = snap.running_by_end
+        steps: Iterable[tuple[float, int]]
+        if order is not None and not ends:
+            # Already in time order: read only as far as the head needs.
+            steps = (
+                (r.start_time + r.walltime, cpus)
+                for r in order
+                for name, cpus in r.nodes
+                if name == only
+            )
+        else:
+            steps = cast(Steps, releases(snap, (only,), plain=True)[0])
+            steps += [(end, cpus) for end, _, cpus in ends]
+            steps.sort()
+        found = _climb(steps, free[0], ppn, now)
+        return None if found is None else (found[0], {0: found[1] - ppn})
+    steps_of = cast(list[Steps], releases(snap, [n.name for n in nodes], plain=True))
     for end, i, cpus in ends:
         steps_of[i].append((end, cpus))
-    # Each node's first time with ``ppn`` CPUs free from now on (``now``
-    # itself counts the releases of jobs past their requested end).
-    first: list[tuple[float, int]] = []
+    first: list[tuple[float, int, int]] = []  # (time, node, free then)
     for i, steps in enumerate(steps_of):
-        c = free[i]
-        if c >= ppn:
-            first.append((now, i))
-            continue
         steps.sort()
-        for step in steps:  # (end, CPUs): a plain profile's releases
-            c += step[1]
-            if c >= ppn:
-                first.append((step[0], i))
-                break
+        found = _climb(steps, free[i], ppn, now)
+        if found is not None:
+            first.append((found[0], i, found[1]))
     if len(first) < count:
         return None
     first.sort()
     shadow = first[count - 1][0]
-    held = sorted(i for t, i in first if t <= shadow)[:count]
     extra: dict[int, int] = {}
-    for i in held:
-        c = free[i] - ppn
-        c += sum(step[1] for step in steps_of[i] if step[0] <= shadow)
-        extra[i] = c
+    for i, t, c in sorted((i, t, c) for t, i, c in first if t <= shadow)[:count]:
+        if t < shadow:
+            c = free[i] + sum(cpus for end, cpus in steps_of[i] if end <= shadow)
+        extra[i] = c - ppn
     return shadow, extra
+
+
+def _climb(
+    steps: Iterable[tuple[float, int]], c: int, ppn: int, t: float
+) -> tuple[float, int] | None:
+    """The first time from ``t`` on that a node with ``c`` CPUs free at ``t``
+    has ``ppn`` free, given what it gets back (``steps``, in time order; one
+    before ``t`` comes back at ``t``), and what it has free then (every
+    release at that instant counts); None if never."""
+    for end, cpus in steps:
+        if end > t:
+            if c >= ppn:
+                return t, c
+            t = end
+        c += cpus
+    return (t, c) if c >= ppn else None

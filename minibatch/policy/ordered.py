@@ -19,7 +19,8 @@ starts several of them. Running jobs count under ``RunningView.qos`` when the
 snapshot carries it, else under the default QOS "".
 
 A policy declares what the snapshot must carry in ``needs`` ("fairshare",
-"accuracy"): the simulator computes usage windows or accuracy history only then.
+"accuracy", "running_by_end"): the simulator computes usage windows, accuracy
+history or keeps the running jobs by end only then.
 """
 
 from __future__ import annotations

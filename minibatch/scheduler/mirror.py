@@ -59,7 +59,7 @@ class QueueMirror:
             return None
         self._update(delta)
         self.version = delta.version
-        pending = RecordView(self._views, self._changes)
+        pending = RecordView(self._views.values(), self._changes)
         return msgspec.structs.replace(snap, pending=pending)
 
     def _update(self, delta: PendingDelta) -> None:

@@ -5,7 +5,9 @@ various times, some past their requested time, queues of one- and many-node
 jobs, upcoming jobs asked for or not), the fast plan must be the general
 path's plan field for field: starts on the same nodes, the reservation, every
 reason, the default reason, upcoming and backfilled jobs. Where memory, GPUs,
-features or reservations count, it must step aside.
+features or reservations count, it must step aside. When the snapshot asks
+for no reasons (the simulator's), it is the same plan without them; when it
+lists the running jobs by end (the simulator's index), the same plan.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibatch.core.snapshot import ClusterSnapshot, ReservationView
+from minibatch.core.snapshot import ClusterSnapshot, Plan, ReservationView
 from minibatch.policy import cpuonly, registry
 from tests.unit.test_policy_snapshots import job, running, snap
 
@@ -57,6 +59,14 @@ def cpu_clusters(draw: st.DrawFn) -> ClusterSnapshot:
         for k in range(draw(st.integers(1, 25)))
     ]
     s = snap(caps, runs, pending, now=now)
+    if draw(st.integers(0, 5)) == 0:
+        # A node holding more than it has (a node back with fewer CPUs than
+        # its jobs hold): free CPUs below zero.
+        i = draw(st.integers(0, count - 1))
+        nodes = list(s.nodes)
+        over = nodes[i].free_cpus - draw(st.integers(1, 3))
+        nodes[i] = msgspec.structs.replace(nodes[i], free_cpus=over)
+        s = _with(s, nodes=tuple(nodes))
     upcoming = draw(st.sampled_from([0, 0, 3]))
     return s if not upcoming else _with(s, upcoming=upcoming)
 
@@ -74,11 +84,72 @@ def test_the_cpu_only_plan_is_the_general_plan(s):
     assert registry.load("easy", {}).plan(s) == fast
 
 
+@settings(max_examples=500, deadline=None)
+@given(cpu_clusters())
+def test_without_reasons_it_is_the_same_plan_less_the_reasons(s):
+    said = cpuonly.plan(s, s.pending, True)
+    quiet = cpuonly.plan(_with(s, reasons=False), s.pending, True)
+    assert said is not None
+    assert quiet == _unreasoned(said)
+
+
+@settings(max_examples=500, deadline=None)
+@given(cpu_clusters(), st.booleans())
+def test_the_running_jobs_by_end_change_nothing(s, reasons):
+    # The simulator's index (ClusterSnapshot.running_by_end) against none.
+    s = _with(s, reasons=reasons)
+    ordered = sorted(s.running, key=lambda r: (r.start_time + r.walltime, -r.id))
+    indexed = cpuonly.plan(_with(s, running_by_end=ordered), s.pending, True)
+    assert indexed == cpuonly.plan(s, s.pending, True)
+
+
+def _unreasoned(plan: Plan) -> Plan:
+    return msgspec.structs.replace(plan, reasons={}, default_reason="")
+
+
+@settings(max_examples=300, deadline=None)
+@given(cpu_clusters(), st.data())
+def test_without_reasons_jobs_asking_for_more_still_take_the_general_path(s, data):
+    # Without reasons the fast plan only looks at jobs that could start; any
+    # such job that asks for memory, GPUs, a feature or a reservation must
+    # still send the pass the general way.
+    odd = {
+        "mem": lambda j: _with(j, request=_with(j.request, mem_kb=8)),
+        "gpus": lambda j: _with(j, request=_with(j.request, gpus=1)),
+        "features": lambda j: _with(j, features=("big",)),
+        "advres": lambda j: _with(j, advres="r"),
+    }
+    pending = [
+        odd[data.draw(st.sampled_from(sorted(odd)))](j)
+        if data.draw(st.integers(0, 5)) == 0
+        else j
+        for j in s.pending
+    ]
+    s = _with(s, pending=pending, reasons=False)
+    assert _unreasoned(registry.load("easy", {}).plan(s)) == _unreasoned(
+        general("easy", s)
+    )
+
+
 @settings(max_examples=200, deadline=None)
 @given(cpu_clusters())
 def test_in_another_priority_order_too(s):
     # Maui hands EASY the queue in its priority order.
     assert registry.load("maui", {}).plan(s) == general("maui", s)
+
+
+def test_a_node_holding_more_than_it_has():
+    # n0 has -1 CPU free, n1 one: no CPU free in all, and the general path
+    # stops at job 2 though it would fit on n1.
+    runs = [running(8, {"n0": 1}, 0.0, 10.0), running(9, {"n0": 1}, 0.0, 10.0)]
+    s = snap([2, 1], runs, [job(1, 1, 5, nodes=2), job(2, 1, 5)])
+    over = msgspec.structs.replace(s.nodes[0], free_cpus=-1)
+    s = _with(s, nodes=(over, s.nodes[1]))
+    said = cpuonly.plan(s, s.pending, True)
+    assert said == general("easy", s) and not said.starts
+    assert said.default_reason == "queued behind job 1 (no free CPUs)"
+    quiet = cpuonly.plan(_with(s, reasons=False), s.pending, True)
+    assert quiet == _unreasoned(said)
 
 
 def test_memory_gpus_features_and_reservations_take_the_general_path():

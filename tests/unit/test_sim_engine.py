@@ -199,7 +199,7 @@ def test_record_view_is_a_read_only_sequence():
 
     items = {3: "a", 1: "b", 2: "c"}
     clock = Clock()
-    view: RecordView[str] = RecordView(items, clock)  # type: ignore[arg-type]
+    view: RecordView[str] = RecordView(items.values(), clock)  # type: ignore[arg-type]
     assert list(view) == ["a", "b", "c"] and len(view) == 3
     assert view[0] == "a" and view[-1] == "c" and view[1:] == ("b", "c")
     assert "b" in view and view.index("c") == 2
