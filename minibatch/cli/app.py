@@ -175,6 +175,8 @@ def up(
 
     with common.reporting("mb up"):
         paths, config = common.home()
+        # Before the layout: another user's cluster is refused whatever the flags.
+        probe.check_owner(paths, "start")
         # A cluster with a daemon or a kept job still running keeps the layout it
         # started with: a kept job is re-adopted by the node of the same name.
         alive = probe.running(paths) or stopping.kept_jobs(paths)

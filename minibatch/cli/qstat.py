@@ -9,9 +9,9 @@ is reported as ``qstat: Unknown Job Id ID`` and makes the exit status 1.
 
 An array is one line, ``5[]``, as PBS shows it (its state R while a task runs,
 Q while one waits, C/F once all have ended), unless ``-t`` lists its tasks or
-a task is named (``5[2]``); ``-f`` and ``--json`` always show each task, since
-each is a job with its own record. ``-n``, ``-s``, ``-r``, ``-i`` and ``-u``
-use the ``-a`` layout, as in Torque.
+a task is named (``5[2]``, or by its own job id: each task has one); ``-f`` and
+``--json`` always show each task, since each is a job with its own record.
+``-n``, ``-s``, ``-r``, ``-i`` and ``-u`` use the ``-a`` layout, as in Torque.
 """
 
 from __future__ import annotations
@@ -79,11 +79,16 @@ def fetch(query: QueryJobs) -> list[Job]:
 
 def shown(jobs: Sequence[Job], selectors: Sequence[str], tasks: bool) -> list[Job]:
     """The lines of the table: arrays summed up unless ``tasks`` (``-t``); a
-    task named by its index (``5[2]``) keeps its own line."""
+    task named by its index (``5[2]``) or by its own job id (``6``, which is
+    ``5[2]``) keeps its own line: that one task is what was asked for."""
     if tasks:
         return list(jobs)
+    # Not matches(): a bare id names the job with that id, never its array.
+    ids = {int(s) for s in selectors if "[" not in s}
     named = [s for s in selectors if "[" in s and not s.endswith("[]")]
-    return qlayouts.summarize(jobs, lambda j: any(matches(s, j) for s in named))
+    return qlayouts.summarize(
+        jobs, lambda j: j.id in ids or any(matches(s, j) for s in named)
+    )
 
 
 def render_jobs(

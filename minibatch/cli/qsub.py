@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple, NoReturn, TextIO
 
 from minibatch.cli import common, directives, pbsopts
+from minibatch.cli.blocking import wait_for_end
 from minibatch.cli.directives import Context, SubmitOptions
 from minibatch.cli.submission import (
     build_spec,
@@ -27,7 +28,6 @@ from minibatch.cli.submission import (
     login_name,
     read_script,
     submit,
-    wait_for_end,
 )
 from minibatch.core.job import JobSpec
 from minibatch.errors import InvalidArgument
@@ -230,7 +230,7 @@ def run(argv: list[str], prog: str = "qsub") -> None:
         if not opts.quiet:
             print(reply.display)
         if opts.block:
-            wait_for_end(reply.ids, prog)
+            wait_for_end(reply, prog)
 
 
 def main() -> NoReturn:

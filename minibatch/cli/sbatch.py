@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import NoReturn
 
 from minibatch.cli import common, directives, slurmopts
+from minibatch.cli.blocking import wait_for_end
 from minibatch.cli.directives import Context, SubmitOptions
 from minibatch.cli.submission import (
     build_spec,
@@ -25,7 +26,6 @@ from minibatch.cli.submission import (
     login_name,
     read_script,
     submit,
-    wait_for_end,
 )
 from minibatch.core.job import JobSpec
 from minibatch.errors import InvalidArgument
@@ -135,7 +135,7 @@ def run(argv: list[str], prog: str = "sbatch") -> None:
         elif not opts.quiet:
             print(f"Submitted batch job {reply.ids[0]}")
         if opts.block:
-            wait_for_end(reply.ids, prog)
+            wait_for_end(reply, prog)
 
 
 def main() -> NoReturn:

@@ -13,14 +13,13 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from minibatch.cli.directives import QUEUE, SubmitOptions
-from minibatch.core.job import Job, JobOptions, JobRequest, JobSpec
+from minibatch.core.job import JobOptions, JobRequest, JobSpec
 from minibatch.core.resize import check_range
 from minibatch.errors import InvalidArgument
 
@@ -331,37 +330,3 @@ def submit(spec: JobSpec, opts: SubmitOptions, prog: str) -> Submitted:
     for line in [*opts.notes, *reply.notes]:
         print(f"{prog}: note: {line}", file=sys.stderr)
     return reply
-
-
-def wait_for_end(ids: list[int], prog: str) -> NoReturn:
-    """``-W block=true`` / ``--wait``: exit with the job's exit status (the
-    highest of an array's) once every job has ended."""
-    from minibatch.cli import common
-    from minibatch.protocol.messages import QueryJobs
-
-    pause = 0.05
-    selectors = [str(i) for i in ids]
-    while True:
-        reply = common.call(QueryJobs(selectors=selectors, finished=True, active=True))
-        jobs = reply.jobs
-        if jobs and all(j.end_time is not None for j in jobs):
-            break
-        time.sleep(pause)
-        pause = min(1.0, pause * 1.5)
-    worst = max(jobs, key=_exit_status)
-    status = _exit_status(worst)
-    if status:
-        print(
-            f"{prog}: job {worst.display_id} ended with exit status {status}",
-            file=sys.stderr,
-        )
-    raise SystemExit(status)
-
-
-def _exit_status(job: Job) -> int:
-    """As a shell reports it: the exit code, or 128 + the signal that ended it
-    (PBS records a job killed by signal N as 256 + N)."""
-    if job.exit_status is not None:
-        status = job.exit_status
-        return 128 + status - 256 if status > 255 else status
-    return 128 + job.signal if job.signal else 1

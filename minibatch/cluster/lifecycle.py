@@ -25,7 +25,13 @@ from minibatch.cluster import layout as layouts
 from minibatch.cluster.layout import NodeLayout
 
 # Re-exported: callers that start and stop clusters (benches, tests) ask here.
-from minibatch.cluster.probe import Daemon, pidfile_names, running, running_pid
+from minibatch.cluster.probe import (
+    Daemon,
+    check_owner,
+    pidfile_names,
+    running,
+    running_pid,
+)
 from minibatch.config import Config, Paths, mqtt_url
 from minibatch.errors import InvalidArgument, MinibatchError, Unavailable
 from minibatch.net.client import Client
@@ -193,12 +199,18 @@ def up(
 
     Raises:
         InvalidArgument: ``layout`` is empty.
+        PermissionDenied: Another user owns the cluster (:func:`check_owner`).
+        MinibatchError: Its home cannot be made.
         StartError: A daemon exited or was not ready in time; what this call
             started is stopped again, and the message ends with the culprit's log.
     """
     if not layout:
         raise InvalidArgument("a cluster needs at least one node")
-    paths.make()
+    check_owner(paths, "start")
+    try:
+        paths.make()
+    except OSError as exc:
+        raise MinibatchError(f"cannot make the cluster's home: {exc}") from None
     _write_atomic(paths.run / "layout.json", layouts.encode(layout).decode() + "\n")
     run = _Starter(paths, config, wait)
     run.report.layout = list(layout)
@@ -356,12 +368,16 @@ def down(
 
     Returns:
         The daemons that were running, in the order they were stopped.
+
+    Raises:
+        PermissionDenied: Another user (not root) owns the cluster.
     """
     # Imported here: mb status, which imports this module, has no use for it.
     from minibatch.cluster import stopping
 
     if not paths.run.is_dir():
         return []
+    check_owner(paths, "stop", root_too=True)
     pids = running(paths)
     stopped: list[str] = []
     if keep_running and "server" in pids:

@@ -4,6 +4,7 @@ Each daemon has a pid file ``run/<name>.pid``; ``<name>`` is ``broker``,
 ``server``, ``scheduler`` or ``node-<node>``. A pid file is trusted only when its
 process is alive, runs the expected program and has this ``MB_HOME``: a stale
 file or a recycled pid is never taken for a running daemon, nor signalled.
+The uid they run as makes the cluster someone's: only they start or stop it.
 
 This is all ``mb status`` needs, so it stays apart from :mod:`.lifecycle`
 (starting and stopping: subprocess, sockets, psutil) and reads the three files
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,7 +26,7 @@ import msgspec
 from minibatch.cluster import layout as layouts
 from minibatch.cluster.layout import NodeLayout, virtual_note
 from minibatch.config import Config, Paths, mqtt_url
-from minibatch.errors import InvalidArgument, MinibatchError
+from minibatch.errors import InvalidArgument, MinibatchError, PermissionDenied
 from minibatch.net.client import Client
 from minibatch.protocol.messages import (
     NodeInfo,
@@ -142,6 +144,50 @@ def running(paths: Paths) -> dict[str, int]:
     ..., ``scheduler``, ``server``, ``broker``), in stopping order."""
     names = pidfile_names(paths)
     return {n: p for n in names if (p := running_pid(paths, Daemon(n))) is not None}
+
+
+def _uid(pid: int) -> int:
+    """The real uid ``pid`` runs as; OSError if it is gone."""
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Uid:"):
+                return int(line.split()[1])
+    raise ProcessLookupError(pid)
+
+
+def owner(paths: Paths) -> int | None:
+    """The uid whose cluster this is: its daemons' (the server takes its own uid
+    for the owner's), else its home's; None when there is no home yet."""
+    for pid in running(paths).values():
+        with contextlib.suppress(OSError):
+            return _uid(pid)
+    try:
+        return paths.home.stat().st_uid
+    except OSError:  # none yet, or out of reach: creating it will say which
+        return None
+
+
+def check_owner(paths: Paths, verb: str, *, root_too: bool = False) -> None:
+    """Refuse, before anything changes, to ``verb`` ("start", "stop") another
+    user's cluster: its daemons are not ours to signal, nor its files to write.
+    ``root_too``: root may, as it may signal anyone (stopping, not starting:
+    daemons root started in a user's home would be root's, out of the owner's
+    reach).
+
+    Raises:
+        PermissionDenied: This user does not own the cluster.
+    """
+    uid, me = owner(paths), os.geteuid()
+    if uid is None or me == uid or (root_too and me == 0):
+        return
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = f"uid {uid}"
+    raise PermissionDenied(
+        f"{paths.home} is {name}'s cluster: only {name} may {verb} it;"
+        " nothing was changed"
+    )
 
 
 def load_layout(paths: Paths) -> list[NodeLayout] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from typing import Any
 
@@ -12,7 +13,7 @@ import msgspec
 import psutil
 import pytest
 import zmq
-from conftest import Cluster, ClusterFactory
+from conftest import BIN, Cluster, ClusterFactory
 
 from minibatch.core.job import JobResult
 from minibatch.errors import ErrorCode
@@ -100,6 +101,45 @@ def test_server_sigkill_loses_no_acknowledged_job(cluster: ClusterFactory) -> No
     fresh = c.qsub("--", "true")
     assert int(fresh) > max(int(j) for j in before)
     assert c.wait_state(fresh, "finished")["result"] == "completed"
+
+
+@pytest.mark.timeout(120)
+def test_a_blocked_qsub_outlives_a_server_restart(cluster: ClusterFactory) -> None:
+    c = cluster(nodes=1)
+    # The job ends when the test says so: after the restart, however long it took.
+    gate = c.work / "end"
+    script = f"while [ ! -e {gate} ]; do sleep 0.1; done; exit 4"
+    qsub = subprocess.Popen(
+        [str(BIN / "qsub"), "-W", "block=true", "--", "sh", "-c", script],
+        cwd=c.work,
+        # Its output buffered, as usual in a pipe: the id must come at once.
+        env={k: v for k, v in c.env.items() if k != "PYTHONUNBUFFERED"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert qsub.stdout is not None and qsub.stderr is not None
+        job = qsub.stdout.readline().strip()
+        c.wait_state(job, "running")
+        kill9(c.pids()["server"])
+        lost = qsub.stderr.readline()
+        assert lost.startswith(f"qsub: lost the server while waiting for job {job},")
+        assert qsub.poll() is None  # still waiting
+        assert c.up().started == ["server"]
+        gate.touch()
+        out, err = qsub.communicate(timeout=60)
+    finally:
+        if qsub.poll() is None:
+            qsub.kill()
+            qsub.wait()
+    assert qsub.returncode == 4, err
+    assert out == ""
+    assert err.splitlines() == [
+        f"qsub: the server is back; waiting for job {job}",
+        f"qsub: job {job} ended with exit status 4",
+    ]
 
 
 # --------------------------------------------------------- socket garbage

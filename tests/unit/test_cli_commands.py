@@ -127,6 +127,37 @@ def test_qstat_user_filter_json_and_x(server):
         assert result.stdout.splitlines()[-1].split()[:3] == ["1", "bob", "batch"]
 
 
+def test_qstat_of_a_tasks_own_id_shows_that_task_not_its_array(server):
+    # Array 101's tasks are jobs 101, 102 and 103; its first was deleted.
+    done = dict(result=JobResult.CANCELLED, array_id=101)
+    tasks = [
+        job(101, JobState.FINISHED, array_index=1, **done),
+        job(102, JobState.HELD, array_id=101, array_index=2),
+        job(103, JobState.HELD, array_id=101, array_index=3),
+    ]
+
+    def first_columns(args: list[str], reply: list[Job]) -> list[list[str]]:
+        server.replies = [m.JobList(jobs=reply)]
+        result = invoke(qstat.qstat_command, args)
+        assert result.exit_code == 0, result.output
+        return [line.split()[::4] for line in result.stdout.splitlines()[2:]]
+
+    # Named by its own id, or by its index, a task is itself, in its state.
+    assert first_columns(["101"], tasks[:1]) == [["101[1]", "F"]]
+    assert first_columns(["102"], tasks[1:2]) == [["101[2]", "H"]]
+    assert first_columns(["101[2]"], tasks[1:2]) == [["101[2]", "H"]]
+    both = [["101[1]", "F"], ["101[3]", "H"]]
+    assert first_columns(["101", "103"], [tasks[0], tasks[2]]) == both
+    # The array as a whole is one line, as are the tasks not named alone.
+    assert first_columns(["101[]"], tasks) == [["101[]", "H"]]
+    assert first_columns(["102", "101[]"], tasks) == [["101[]", "H"], ["101[2]", "H"]]
+    assert first_columns(["-t", "101[]"], tasks) == [
+        ["101[1]", "F"],
+        ["101[2]", "H"],
+        ["101[3]", "H"],
+    ]
+
+
 def rows_reply(rows: list[tuple[object, ...]]) -> m.JobRows:
     return m.JobRows(rows=msgspec.Raw(msgspec.msgpack.encode(rows)))
 

@@ -118,3 +118,69 @@ def _submitted():
     from minibatch.protocol.messages import Submitted
 
     return Submitted(ids=[1], display="1")
+
+
+def test_block_waits_through_a_lost_server_and_says_so_once(monkeypatch, capsys):
+    from minibatch.cli import blocking, common
+    from minibatch.core.job import Job, JobRequest, JobResult, JobState
+    from minibatch.errors import RemoteError, Unavailable
+    from minibatch.protocol.messages import JobList, Submitted
+
+    def job(state: JobState, **kw) -> Job:
+        return Job(
+            id=7,
+            name="j",
+            user="u",
+            uid=1,
+            gid=1,
+            group="g",
+            workdir="/",
+            request=JobRequest(),
+            submit_time=0.0,
+            state=state,
+            **kw,
+        )
+
+    gone = Unavailable("no minibatch server at ipc:///x (is the cluster up?)")
+    ended = job(
+        JobState.FINISHED, end_time=2.0, exit_status=4, result=JobResult.COMPLETED
+    )
+    replies: list[object] = [job(JobState.RUNNING), gone, gone, gone, ended]
+    slept: list[float] = []
+
+    def fake_call(message, timeout=10.0):
+        reply = replies.pop(0)
+        if isinstance(reply, BaseException):
+            raise reply
+        return JobList(jobs=[reply])
+
+    def wait() -> None:
+        with common.reporting("qsub"):
+            blocking.wait_for_end(Submitted(ids=[7], display="7"), "qsub")
+
+    monkeypatch.setattr(common, "call", fake_call)
+    monkeypatch.setattr(blocking.time, "sleep", slept.append)
+    with pytest.raises(SystemExit) as exc:
+        wait()
+    assert exc.value.code == 4
+    assert slept[1:4] == [blocking.RETRY] * 3
+    assert capsys.readouterr().err.splitlines() == [
+        "qsub: lost the server while waiting for job 7, which was submitted: "
+        "asking again every 1 s until it answers (Ctrl-C stops waiting, not the job)",
+        "qsub: the server is back; waiting for job 7",
+        "qsub: job 7 ended with exit status 4",
+    ]
+    # A server back without the job's record: one line, status 1.
+    replies[:] = [gone, RemoteError(4, "unknown job id 7")]
+    with pytest.raises(SystemExit) as exc:
+        wait()
+    assert exc.value.code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "qsub: the server has no record of job 7 any more (unknown job id 7): "
+        "its exit status cannot be known"
+    )
+    # Ctrl-C while the server is away: the usual 130.
+    replies[:] = [gone, KeyboardInterrupt()]
+    with pytest.raises(SystemExit) as exc:
+        wait()
+    assert exc.value.code == 130

@@ -4,22 +4,27 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from minibatch.cluster import probe
+from minibatch.cluster import lifecycle, probe
+from minibatch.cluster.layout import NodeLayout
 from minibatch.cluster.probe import Daemon
-from minibatch.config import Paths
+from minibatch.config import Config, Paths
+from minibatch.errors import PermissionDenied
 from tests.unit.fresh_python import output_of
 
 pytestmark = pytest.mark.timeout(30)
+NOBODY = 65534
 
 
 @pytest.fixture
@@ -111,3 +116,96 @@ def test_mb_status_imports_neither_psutil_nor_the_starting_machinery() -> None:
     )
     out = output_of(check)
     assert out == "[]"
+
+
+@pytest.fixture
+def someone_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process, to the owner's checks, another user (not root)."""
+    other = os.geteuid() + 1
+    monkeypatch.setattr(os, "geteuid", lambda: other)
+
+
+def test_another_users_cluster_is_neither_stopped_nor_started(
+    home: Paths,
+    fake_server: Path,
+    stopper: list[subprocess.Popen[bytes]],
+    someone_else: None,
+) -> None:
+    proc = _start(fake_server, home.home)
+    stopper.append(proc)
+    home.pidfile("server").write_text(f"{proc.pid}\n")
+    before = sorted(home.run.iterdir())
+    me = psutil.Process().username()
+    with pytest.raises(PermissionDenied, match=f"only {me} may stop it"):
+        lifecycle.down(home)
+    layout = [NodeLayout(name="node0", cpus=[0])]
+    with pytest.raises(PermissionDenied, match=f"only {me} may start it"):
+        lifecycle.up(home, Config(), layout, wait=1)
+    assert proc.poll() is None
+    assert sorted(home.run.iterdir()) == before  # no layout.json, pid files kept
+
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+#: A uid no user has (``useradd`` stops far below).
+NO_USER = 4_000_000
+
+
+@ROOT_ONLY
+def test_root_stops_any_cluster_but_starts_only_its_own(home: Paths) -> None:
+    os.chown(home.home, NO_USER, NO_USER)
+    assert probe.owner(home) == NO_USER
+    assert lifecycle.down(home) == []
+    layout = [NodeLayout(name="node0", cpus=[0])]
+    with pytest.raises(PermissionDenied, match=f"only uid {NO_USER} may start it"):
+        lifecycle.up(home, Config(), layout, wait=1)
+
+
+def _as_user(uid: int, action: Callable[[], object]) -> str:
+    """What ``action`` raises (or returns) in a child running as ``uid``: a
+    fork, so nothing is imported after the switch (the interpreter's files
+    may be out of the uid's reach)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read)
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            said = repr(action())
+        except BaseException as exc:
+            said = f"{type(exc).__name__}: {exc}"
+        os.write(write, said.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        said = f.read().decode()
+    os.waitpid(pid, 0)
+    return said
+
+
+@pytest.fixture
+def home_in_tmp() -> Iterator[Paths]:
+    """A home a user can reach (pytest's tmp_path is root's alone)."""
+    where = Path(tempfile.mkdtemp(prefix="mb-owner-", dir="/tmp"))
+    paths = Paths(where)
+    paths.make()
+    yield paths
+    shutil.rmtree(where)
+
+
+@ROOT_ONLY
+def test_a_user_cannot_stop_roots_daemons_in_their_own_home(
+    home_in_tmp: Paths, fake_server: Path, stopper: list[subprocess.Popen[bytes]]
+) -> None:
+    home = home_in_tmp
+    proc = _start(fake_server, home.home)
+    stopper.append(proc)
+    home.pidfile("server").write_text(f"{proc.pid}\n")
+    # The daemons' uid, not the home's, decides: they are whom a stop signals.
+    os.chown(home.home, NOBODY, NOBODY)
+    said = _as_user(NOBODY, lambda: lifecycle.down(home))
+    assert said == (
+        f"PermissionDenied: {home.home} is root's cluster: only root may stop it;"
+        " nothing was changed"
+    )
+    assert proc.poll() is None and home.pidfile("server").exists()
