@@ -214,6 +214,8 @@ def qstat_command(
         _server(full=full, as_json=as_json)
         return
     users = [u for u in (user or "").split(",") if u]
+    if user is not None and not users:
+        common.fail("qstat", f"-u needs a user name, got {user!r}", common.USAGE_EXIT)
     # As in Torque, -u, -r and -i select the long layout.
     alt = alt or bool(users) or running or idle
     # The plain tables come as rows (minibatch/server/listing.py).

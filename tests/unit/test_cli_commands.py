@@ -397,3 +397,10 @@ def test_connect_fails_fast_without_a_server(tmp_path, monkeypatch):
     monkeypatch.setenv("MB_HOME", str(tmp_path))
     with pytest.raises(Unavailable, match="is the cluster up"):
         common.connect()
+
+
+def test_qstat_u_without_a_name_is_a_usage_error(server):
+    result = invoke(qstat.qstat_command, ["-u", ""])
+    assert result.exit_code == 2
+    assert result.stderr == "qstat: -u needs a user name, got ''\n"
+    assert server.sent == []
