@@ -414,10 +414,14 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
 def load(paths: Paths) -> Config:
     """The config in ``paths.config``, or the defaults when there is none."""
-    if not paths.config.exists():
-        return Config()
     try:
-        config = msgspec.toml.decode(paths.config.read_bytes(), type=Config)
+        text = paths.config.read_bytes()
+    except FileNotFoundError:
+        return Config()
+    except OSError as exc:  # MB_HOME out of this user's reach, say
+        raise InvalidArgument(f"{paths.config}: {exc.strerror or exc}") from None
+    try:
+        config = msgspec.toml.decode(text, type=Config)
         config.check()
     except UnicodeDecodeError as exc:
         raise InvalidArgument(f"{paths.config}: not UTF-8 text: {exc}") from exc

@@ -278,3 +278,13 @@ def test_variables_that_are_not_utf8_are_left_out_of_an_exported_environment() -
             user="alice",
             script="true\n",
         )
+
+
+def test_a_config_that_cannot_be_read_is_one_error(tmp_path: Path) -> None:
+    """Not there: the defaults. There but unreadable (a directory here; another
+    user's home out of reach is the same error): named, never a traceback."""
+    paths = Paths(tmp_path / "home")
+    assert load(paths) == Config()
+    paths.config.mkdir(parents=True)
+    with pytest.raises(InvalidArgument, match=r"minibatch.toml: Is a directory"):
+        load(paths)
