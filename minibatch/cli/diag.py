@@ -316,6 +316,10 @@ def render_checkjob(job: Job, reply: DiagnoseReply, now: float) -> str:
 
 def checkjob_command(
     job_id: Annotated[str, typer.Argument(metavar="ID", help="A job id.")],
+    verbose: Annotated[
+        bool,
+        typer.Option("-v", help="Maui's verbose: accepted; every detail is shown."),
+    ] = False,
 ) -> None:
     """A job's state, priority breakdown, PSP bin, reservation and reason."""
     with common.reporting("checkjob"):

@@ -1,6 +1,8 @@
 """``showq``, ``showstart`` and ``showbf``: Maui's views of the queue.
 
-    showq                the active, eligible and blocked jobs (Maui's layout)
+    showq [-r|-i|-b] [-u USER]
+                         the active, eligible and blocked jobs (Maui's layout;
+                         -r, -i, -b: only that section; -u: one user's jobs)
     showstart ID         when a job is predicted to start (the policy's forecast)
     showbf               CPUs free now, and for how long (backfill windows)
 
@@ -51,8 +53,15 @@ def _pct(part: int, whole: int) -> str:
     return f"({100.0 * part / whole:.2f}%)" if whole else "(0.00%)"
 
 
-def render_showq(reply: DiagnoseReply, now: float) -> str:
-    """The three sections, Maui's summary lines and the totals."""
+def render_showq(
+    reply: DiagnoseReply,
+    now: float,
+    only: frozenset[str] = frozenset(),
+    user: str | None = None,
+) -> str:
+    """The three sections, Maui's summary lines and the totals; ``only`` some
+    sections ("active", "eligible", "blocked": ``-r``, ``-i``, ``-b``), and only
+    ``user``'s jobs (``-u``)."""
     snap = reply.snapshot
     ranking = rank(reply)
     jobs = {j.id: j for j in reply.jobs}
@@ -67,6 +76,38 @@ def render_showq(reply: DiagnoseReply, now: float) -> str:
         elif job.state is JobState.QUEUED and job.id not in listed:
             reason = ranking.blocked.get(job.id) or job.reason
             blocked.append((job, "Idle", reason))
+    if user is not None:
+        active = [j for j in active if j.user == user]
+        eligible = [j for j in eligible if j.user == user]
+        blocked = [b for b in blocked if b[0].user == user]
+    lines: list[str] = []
+    if not only or "active" in only:
+        lines += _active(active, snap.nodes, now)
+    header = (
+        _ROW.format("JOBNAME", "USERNAME", "STATE", "PROC", "WCLIMIT", "QUEUETIME")
+        + "  REASON"
+    )
+    if not only or "eligible" in only:
+        lines += [_section("ELIGIBLE"), header, ""]
+        lines += [_idle_row(job, "Idle", job.reason) for job in eligible]
+        lines += ["", _plural(len(eligible), "Eligible Job"), ""]
+    if not only or "blocked" in only:
+        lines += [_section("BLOCKED"), header, ""]
+        lines += [_idle_row(job, state, why) for job, state, why in blocked]
+        lines += ["", _plural(len(blocked), "Blocked Job"), ""]
+    if not only:
+        total = len(active) + len(eligible) + len(blocked)
+        lines.append(
+            f"Total Jobs: {total}   Active Jobs: {len(active)}   "
+            f"Eligible Jobs: {len(eligible)}   Blocked Jobs: {len(blocked)}"
+        )
+    if ranking.note and (not only or "eligible" in only):
+        lines.append(f"note: {ranking.note}; eligible jobs are in queue order")
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _active(active: list[Job], nodes: Sequence[Any], now: float) -> list[str]:
+    """The active section with Maui's processor and node summary."""
     lines = [
         _section("ACTIVE"),
         _ROW.format("JOBNAME", "USERNAME", "STATE", "PROC", "REMAINING", "STARTTIME"),
@@ -85,39 +126,20 @@ def render_showq(reply: DiagnoseReply, now: float) -> str:
                 maui_date(job.start_time or now),
             )
         )
-    procs = sum(n.cpus for n in snap.nodes)
-    busy = sum(n.cpus - n.free_cpus for n in snap.nodes)
-    nodes_busy = sum(1 for n in snap.nodes if n.free_cpus < n.cpus)
+    procs = sum(n.cpus for n in nodes)
+    busy = sum(n.cpus - n.free_cpus for n in nodes)
+    nodes_busy = sum(1 for n in nodes if n.free_cpus < n.cpus)
     lines += [
         "",
         f"{_plural(len(active), 'Active Job'):>17}  {busy:>5} of {procs:>5} "
         f"Processors Active {_pct(busy, procs)}",
     ]
-    if procs != len(snap.nodes):
+    if procs != len(nodes):
         lines.append(
-            f"{'':>17}  {nodes_busy:>5} of {len(snap.nodes):>5} "
-            f"Nodes Active      {_pct(nodes_busy, len(snap.nodes))}"
+            f"{'':>17}  {nodes_busy:>5} of {len(nodes):>5} "
+            f"Nodes Active      {_pct(nodes_busy, len(nodes))}"
         )
-    header = (
-        _ROW.format("JOBNAME", "USERNAME", "STATE", "PROC", "WCLIMIT", "QUEUETIME")
-        + "  REASON"
-    )
-    lines += ["", _section("ELIGIBLE"), header, ""]
-    for job in eligible:
-        lines.append(_idle_row(job, "Idle", job.reason))
-    lines += ["", _plural(len(eligible), "Eligible Job"), ""]
-    lines += [_section("BLOCKED"), header, ""]
-    for job, state, reason in blocked:
-        lines.append(_idle_row(job, state, reason))
-    lines += ["", _plural(len(blocked), "Blocked Job"), ""]
-    total = len(active) + len(eligible) + len(blocked)
-    lines.append(
-        f"Total Jobs: {total}   Active Jobs: {len(active)}   "
-        f"Eligible Jobs: {len(eligible)}   Blocked Jobs: {len(blocked)}"
-    )
-    if ranking.note:
-        lines.append(f"note: {ranking.note}; eligible jobs are in queue order")
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+    return [*lines, ""]
 
 
 def _idle_row(job: Job, state: str, reason: str) -> str:
@@ -132,13 +154,24 @@ def _idle_row(job: Job, state: str, reason: str) -> str:
     return f"{row}  {reason}" if reason else row
 
 
-def showq_command() -> None:
+def showq_command(
+    running: Annotated[bool, typer.Option("-r", help="Active jobs only.")] = False,
+    idle: Annotated[
+        bool, typer.Option("-i", help="Eligible (idle) jobs only.")
+    ] = False,
+    blocked: Annotated[bool, typer.Option("-b", help="Blocked jobs only.")] = False,
+    user: Annotated[
+        str | None, typer.Option("-u", metavar="USER", help="Only USER's jobs.")
+    ] = None,
+) -> None:
     """Active, eligible (in priority order, with reasons) and blocked jobs."""
     with common.reporting("showq"):
         from minibatch.protocol.messages import Diagnose
 
         reply = common.call(Diagnose())
-    sys.stdout.write(render_showq(reply, time.time()))
+    wanted = {"active": running, "eligible": idle, "blocked": blocked}
+    only = frozenset(name for name, asked in wanted.items() if asked)
+    sys.stdout.write(render_showq(reply, time.time(), only, user))
 
 
 # -------------------------------------------------------------- showstart

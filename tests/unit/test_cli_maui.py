@@ -261,3 +261,39 @@ def test_setres_usage_errors_are_caught_before_sending(monkeypatch):
     both = runner.invoke(app, ["-d", "60", "-c", "1", "-n", "2"])
     assert both.exit_code == 2 and "either -n NODES or -c CPUS" in both.output
     assert not sent
+
+
+def test_showq_sections_and_one_users_jobs(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db")
+    store.put_node(Node(name="n0", cpus=[0, 1], pid=1))
+    store.commit()
+    state = ServerState(store, clock=time.time)
+    state.nodes.nodes["n0"].up = True
+    me, other = Caller(0, 0, 1), Caller(1000, 1000, 2)
+
+    def submit(caller: Caller, hold: bool = False) -> Job:
+        request = JobRequest(ppn=1, walltime=600)
+        spec = JobSpec(name="j", workdir="/w", request=request, argv=["x"], hold=hold)
+        return state.submit(spec, caller)[0]
+
+    def rows(text: str) -> set[int]:
+        """The jobs listed: rows of an id, a user and a state."""
+        states = {"Running", "Idle", "UserHold", "Depend"}
+        lines = [line.split() for line in text.splitlines()]
+        return {int(w[0]) for w in lines if len(w) > 2 and w[2] in states}
+
+    mine, theirs, held = submit(me), submit(other), submit(me, hold=True)
+    assert state.start(mine.id, ("n0",)) is None
+    reply = admin.diagnose(state, Context(), me, b"", m.Diagnose())
+    now = time.time()
+    whole = render_showq(reply, now)
+    active = render_showq(reply, now, frozenset({"active"}))
+    assert active.startswith("ACTIVE JOBS") and "ELIGIBLE" not in active
+    assert whole.startswith(active.rstrip("\n"))
+    blocked = render_showq(reply, now, frozenset({"blocked"}))
+    assert blocked.startswith("BLOCKED JOBS") and rows(blocked) == {held.id}
+    assert "Total Jobs" not in blocked
+    only_theirs = render_showq(reply, now, user=theirs.user)
+    assert rows(only_theirs) == {theirs.id}
+    assert rows(whole) == {mine.id, theirs.id, held.id}
+    assert "Total Jobs: 1   Active Jobs: 0   Eligible Jobs: 1" in only_theirs
