@@ -165,6 +165,8 @@ def showq_command(
     ] = None,
 ) -> None:
     """Active, eligible (in priority order, with reasons) and blocked jobs."""
+    if user is not None and not user:
+        common.fail("showq", "-u needs a user name, got ''", common.USAGE_EXIT)
     with common.reporting("showq"):
         from minibatch.protocol.messages import Diagnose
 

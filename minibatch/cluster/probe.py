@@ -147,11 +147,12 @@ def running(paths: Paths) -> dict[str, int]:
 
 
 def _uid(pid: int) -> int:
-    """The real uid ``pid`` runs as; OSError if it is gone."""
+    """The effective uid ``pid`` runs as (what signalling it checks against
+    ours, :func:`os.geteuid`); OSError if it is gone."""
     with open(f"/proc/{pid}/status", "rb") as f:
         for line in f:
-            if line.startswith(b"Uid:"):
-                return int(line.split()[1])
+            if line.startswith(b"Uid:"):  # real, effective, saved, file system
+                return int(line.split()[2])
     raise ProcessLookupError(pid)
 
 

@@ -169,9 +169,12 @@ class _Stream:
         self._deadline = time.monotonic() + self.timeout
         if self._sock is None:
             self._sock = self._connect()
+        self._sock.settimeout(self.timeout)
         try:
             self._sock.sendall(HEADER.pack(len(request)) + request)
         except TimeoutError:
+            # Half a message may have gone: the next one must not follow it.
+            self.close()
             raise unanswered(self.endpoint, self.timeout) from None
         except OSError:
             # The server closed the connection: a refusal may be waiting to be

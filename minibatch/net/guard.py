@@ -39,7 +39,7 @@ from minibatch.net.ratelog import RateLimitedLog
 
 _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 _EVENT = struct.Struct("=Hi")  # libzmq's first monitor frame: event id, value
-_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 #: Descriptors kept for the daemon's own use (database, logs, the MQTT
 #: connection, libzmq's own) when the total is capped below the limit.
 RESERVED_FDS = 256
@@ -67,10 +67,10 @@ def peer_uid(fd: int) -> int | str | None:
                 return str(sock.getpeername()[0])
             if sock.family != socket.AF_UNIX:
                 return None
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
         except OSError:
             return None
-    return int(_UCRED.unpack(creds)[1])
+    return int(UCRED.unpack(creds)[1])
 
 
 def shut_down(fd: int) -> None:

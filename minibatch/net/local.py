@@ -5,12 +5,15 @@ connection by a route of its own, and hands complete requests to the server in
 batches, as :class:`~minibatch.net.driver.SocketDriver` does for the ROUTER, so
 that one commit still answers a burst. Every connection counts towards its
 user's cap (:class:`~minibatch.net.guard.Caps`, shared with the ROUTER's
-guard). Nothing a peer sends can grow the server's memory without bound: a
-message over ``max_message_bytes`` ends its connection (after an error reply
-saying so), a connection with :data:`PENDING_PER_CONNECTION` requests waiting
-is not read until they are handled, one whose replies pile up unread is not
-read until it takes them, and a user's unfinished messages may hold at most
-about one largest message (:meth:`LocalListener.over_budget`).
+guard). What a peer makes the server hold is bounded: a message over
+``max_message_bytes`` ends its connection (after an error reply saying so); a
+connection has at most :data:`PENDING_PER_CONNECTION` requests taken and not
+yet handled, and none taken while its replies pile up unread, and is not read
+meanwhile (so the replies queued for it are those of a few requests); a
+user's messages not yet taken hold about one largest message in all
+(:meth:`LocalListener.over_budget`); a request whose sender closed its end
+before it was handled (a command that timed out) is dropped, not carried out,
+which is why a client must not half-close its end before its reply comes.
 """
 
 from __future__ import annotations
@@ -20,13 +23,12 @@ import contextlib
 import itertools
 import os
 import socket
-import struct
 from collections import Counter
 from collections.abc import Callable
 from typing import NamedTuple
 
 from minibatch.errors import ErrorCode
-from minibatch.net.guard import Caps
+from minibatch.net.guard import UCRED, Caps
 from minibatch.net.ratelog import RateLimitedLog
 from minibatch.net.stream import HEADER
 from minibatch.protocol import encode
@@ -36,9 +38,9 @@ from minibatch.protocol.messages import Error
 #: routing ids are five bytes when it makes them and never start with a zero
 #: byte when a peer sets one, so no ROUTER peer can have one of these.
 ROUTE_PREFIX = b"\x00local"
-_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-#: Requests read from one connection and not yet handled, at most.
-PENDING_PER_CONNECTION = 64
+#: Requests taken from one connection and not yet handled, at most: a command
+#: has one in flight, so more only ever queue replies in the server's memory.
+PENDING_PER_CONNECTION = 4
 #: Connections waiting to be accepted: a burst of commands is not refused.
 BACKLOG = 1024
 
@@ -77,8 +79,10 @@ class LocalListener:
         self.max_message_bytes, self.complaints = max_message_bytes, complaints
         self.batch = batch
         self.connections: dict[bytes, _Connection] = {}
-        #: Bytes of unfinished messages each user's connections hold.
+        #: Bytes each user's connections hold of messages not yet taken, and
+        #: those connections, the first to hold first.
         self.partial: Counter[int] = Counter()
+        self.holders: dict[int, dict[bytes, _Connection]] = {}
         self._pending: list[LocalRequest] = []
         self._scheduled = False
         self._ids = itertools.count(1)
@@ -96,7 +100,7 @@ class LocalListener:
     def send(self, route: bytes, data: bytes) -> None:
         """Send ``data`` to the connection ``route``, if it is still open."""
         conn = self.connections.get(route)
-        if conn is not None and conn.transport is not None:
+        if conn is not None and conn.transport is not None and not conn.closing:
             conn.transport.write(HEADER.pack(len(data)) + data)
 
     def close(self) -> None:
@@ -109,29 +113,32 @@ class LocalListener:
             os.unlink(self.path)
 
     def over_budget(self, uid: int) -> bool:
-        """Whether ``uid``'s unfinished messages hold more than one largest
+        """Whether ``uid``'s messages not yet taken hold more than one largest
         message: 256 connections each halfway through a 64 MiB message would
-        otherwise hold 16 GiB of the server's memory. Its connections that
-        hold part of a message are then not read until it sends one whole."""
+        otherwise hold 16 GiB of the server's memory. Only its first holder
+        is read on then (:meth:`first_holder`)."""
         return (
             uid not in self.caps.exempt and self.partial[uid] > self.max_message_bytes
         )
 
-    def holding(self, uid: int) -> list[_Connection]:
-        """``uid``'s connections that hold part of a message."""
-        return [
-            c
-            for c in self.connections.values()
-            if c.held and c.peer is not None and c.peer.uid == uid
-        ]
+    def first_holder(self, uid: int) -> bytes | None:
+        """The route of ``uid``'s connection that has held part of a message
+        the longest: it goes on while the others wait, so that some message
+        always finishes and gives its room back."""
+        return next(iter(self.holders.get(uid, {})), None)
 
-    def _hold(self, uid: int, change: int) -> None:
+    def _hold(self, conn: _Connection, uid: int, change: int) -> None:
         self.partial[uid] += change
+        held = self.holders.setdefault(uid, {})
+        if conn.held:
+            held.setdefault(conn.route, conn)
+        else:
+            held.pop(conn.route, None)
         if self.partial[uid] <= 0:
-            del self.partial[uid]
-        if change < 0:  # room again: its paused connections may go on
-            for conn in self.holding(uid):
-                conn.flow()
+            del self.partial[uid], self.holders[uid]
+        elif change < 0:  # room again: its paused connections may go on
+            for other in list(held.values()):
+                other.flow()
 
     def _queue(self, request: LocalRequest) -> None:
         self._pending.append(request)
@@ -151,10 +158,11 @@ class LocalListener:
         live = []
         for request in batch:
             conn = self.connections.get(request.route)
-            if conn is not None:
-                conn.handled()
-                if not conn.gone():
-                    live.append(request)
+            if conn is None or conn.closing:
+                continue
+            conn.handled()
+            if not conn.gone():
+                live.append(request)
         if live:
             self.deliver(live)
 
@@ -178,11 +186,11 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         sock: socket.socket = transport.get_extra_info("socket")
         try:
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
         except OSError:  # gone already
             transport.abort()
             return
-        pid, uid, gid = _UCRED.unpack(creds)
+        pid, uid, gid = UCRED.unpack(creds)
         refused = self.listener.caps.admit(self.route, uid)
         if refused is not None:
             # Said to the command too, which reads it before the reset.
@@ -202,10 +210,21 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.transport is None or self.peer is None or self.closing:
             return
+        self.buffer += data
+        self._take()
+
+    def _take(self) -> None:
+        """Take the whole messages in ``buffer`` while few of this connection's
+        wait and its replies are read; keep the rest (counted for its user)."""
+        if self.transport is None or self.peer is None or self.closing:
+            return
         buffer = self.buffer
-        buffer += data
         offset = 0
-        while len(buffer) - offset >= HEADER.size:
+        while (
+            self.waiting < PENDING_PER_CONNECTION
+            and not self.writing_paused
+            and len(buffer) - offset >= HEADER.size
+        ):
             (size,) = HEADER.unpack_from(buffer, offset)
             if size > self.listener.max_message_bytes:
                 self._refuse_large(size)
@@ -222,11 +241,11 @@ class _Connection(asyncio.Protocol):
         self.flow()
 
     def _keep(self, size: int) -> None:
-        """Count the ``size`` bytes of an unfinished message this connection
-        now holds in its user's budget."""
+        """Count the ``size`` bytes this connection now holds of messages not
+        yet taken in its user's budget."""
         if self.peer is not None and size != self.held:
             change, self.held = size - self.held, size
-            self.listener._hold(self.peer.uid, change)
+            self.listener._hold(self, self.peer.uid, change)
 
     def _refuse_large(self, size: int) -> None:
         """Say why, then end the connection: what follows the header cannot
@@ -267,14 +286,14 @@ class _Connection(asyncio.Protocol):
             return peer.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
         except BlockingIOError:  # open, nothing more sent
             return False
-        except ConnectionError:
+        except OSError:  # reset, or closed under us
             return True
         finally:
             peer.detach()  # asyncio's descriptor, not ours to close
 
     def handled(self) -> None:
         self.waiting -= 1
-        self.flow()
+        self._take()
 
     def flow(self) -> None:
         """Read while few requests wait, the replies are taken and the user's
@@ -283,10 +302,7 @@ class _Connection(asyncio.Protocol):
             return
         stop = self.waiting >= PENDING_PER_CONNECTION or self.writing_paused
         if self.held and not stop and self.listener.over_budget(self.peer.uid):
-            # The user's oldest unfinished message goes on, so that some
-            # message always finishes and gives its room back.
-            holders = self.listener.holding(self.peer.uid)
-            stop = min(c.route for c in holders) != self.route
+            stop = self.listener.first_holder(self.peer.uid) != self.route
         if stop and not self.reading_paused:
             self.transport.pause_reading()
         elif not stop and self.reading_paused:
@@ -299,7 +315,7 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.writing_paused = False
-        self.flow()
+        self._take()
 
 
 def _error(message: str, code: ErrorCode = ErrorCode.UNAVAILABLE) -> bytes:

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 #: one), state changes, and for ``qstat`` the CPU time of running jobs
 #: (sampled, not stored).
 Key = tuple[int, int, tuple[tuple[int, float | None], ...]]
+#: No rows.
+_NONE = msgspec.msgpack.encode([])
 
 
 def _encode(jobs: Iterable[Job], row: Callable[[Job], Any]) -> bytes:
@@ -58,11 +60,14 @@ class Listing:
         if key != self._alt_key:
             self._alt.clear()
             self._alt_key = key
+        if user is not None and user not in state.by_user:
+            # Not cached: anyone may ask for any name.
+            return msgspec.Raw(_NONE)
         if user not in self._alt:
             jobs = (
                 state.jobs.values()
                 if user is None
-                else (state.jobs[i] for i in state.by_user.get(user, ()))
+                else (state.jobs[i] for i in state.by_user[user])
             )
             self._alt[user] = _encode(jobs, render.qstat_alt_row)
         return msgspec.Raw(self._alt[user])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import struct
 from typing import Any
 
@@ -43,16 +44,29 @@ class Sock:
         return -1  # no real peer: never taken for one that left
 
 
+class SockWithCreds(Sock):
+    """A real socket's descriptor, with made-up peer credentials."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+
 class Transport(asyncio.Transport):
-    def __init__(self) -> None:
+    def __init__(self, sock: socket.socket | None = None) -> None:
         super().__init__()
+        self.sock = sock
         self.written = b""
         self.paused = False
         self.pauses = 0
         self.closed = False
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return Sock() if name == "socket" else default
+        if name != "socket":
+            return default
+        return Sock() if self.sock is None else SockWithCreds(self.sock)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written += bytes(data)
@@ -121,22 +135,55 @@ def test_messages_come_out_whole_and_in_order_however_they_are_cut(
 
 
 def test_a_peer_that_sends_faster_than_it_is_answered_is_paused() -> None:
+    """However many requests one send holds, a few are taken at a time, the
+    rest as those are handled; none while its replies are not read."""
+
     async def run() -> None:
         delivered: list[LocalRequest] = []
-        conn = _Connection(listener(delivered))
+        owner = listener(delivered)
+        conn = _Connection(owner)
         transport = Transport()
         conn.connection_made(transport)
-        conn.data_received(framed(b"x") * (PENDING_PER_CONNECTION + 10))
-        assert transport.paused  # until the batch is handled
-        await settle()
-        assert not transport.paused and len(delivered) == PENDING_PER_CONNECTION + 10
-        # A peer that does not read its replies is not read either.
+        count = 10 * PENDING_PER_CONNECTION + 3
+        conn.data_received(framed(b"x") * count)
+        assert transport.paused and conn.waiting == PENDING_PER_CONNECTION
+        assert len(owner._pending) == PENDING_PER_CONNECTION
+        for _ in range(count):
+            await asyncio.sleep(0)
+            assert conn.waiting <= PENDING_PER_CONNECTION
+        assert len(delivered) == count and not transport.paused
+        # A peer that does not read its replies is neither read nor taken from.
         conn.pause_writing()
         assert transport.paused
+        conn.data_received(framed(b"y"))
+        await settle()
+        assert len(delivered) == count
         conn.resume_writing()
-        assert not transport.paused
+        await settle()
+        assert len(delivered) == count + 1 and not transport.paused
 
     asyncio.run(run())
+
+
+def test_a_request_is_dropped_when_its_sender_has_given_up() -> None:
+    """A real socket pair: the request is taken, then its sender closes
+    before the server handles it (a command that timed out)."""
+
+    async def run() -> list[LocalRequest]:
+        delivered: list[LocalRequest] = []
+        conn = _Connection(listener(delivered))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        transport = Transport(ours)
+        conn.connection_made(transport)
+        conn.data_received(framed(b"kept"))
+        await settle()
+        conn.data_received(framed(b"given up"))
+        theirs.close()
+        await settle()
+        ours.close()
+        return delivered
+
+    assert [r.data for r in asyncio.run(run())] == [b"kept"]
 
 
 def test_a_message_over_the_limit_is_refused_saying_why() -> None:
@@ -151,7 +198,8 @@ def test_a_message_over_the_limit_is_refused_saying_why() -> None:
         return transport, delivered
 
     transport, delivered = asyncio.run(run())
-    assert [r.data for r in delivered] == [b"ok"]
+    # Not even the request before it: its answer could no longer be sent.
+    assert delivered == []
     assert transport.closed
     (size,) = HEADER.unpack_from(transport.written)
     refusal = decode(transport.written[HEADER.size : HEADER.size + size])

@@ -129,6 +129,8 @@ def test_alt_rows_print_qstat_a_and_follow_every_change(
     for user in (mine, theirs.user, "no-such"):
         assert alt_from_rows(state, start, user) == alt_from_jobs(state, start, user)
     assert "theirs" not in alt_from_rows(state, start, mine)
+    # Names nobody has are answered, never kept: anyone may ask for any.
+    assert "no-such" not in state.listing._alt
     # The cached rows follow a change.
     state.cancel(tasks[1])
     state.cancel(theirs)
