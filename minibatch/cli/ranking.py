@@ -74,12 +74,14 @@ class Ranking(msgspec.Struct):
     params: dict[str, Any] = {}
 
 
-def rank(reply: DiagnoseReply) -> Ranking:
-    """The order, blocks and priority weights of the policy the server runs."""
+def queue_order(
+    reply: DiagnoseReply,
+) -> tuple[Any, list[PendingView], dict[int, str], str]:
+    """The live policy (None if it cannot be loaded here), the eligible jobs in
+    the order it considers them, those a policy limit blocks (with why), and
+    a note when it could not be loaded. All ``showq`` needs: it does not
+    import the priority modules that :func:`rank` adds for the weights."""
     from minibatch.policy import registry
-    from minibatch.policy.fairshare import Fairshare, FairshareTargets
-    from minibatch.policy.priority import Maui, PriorityWeights
-    from minibatch.policy.psp import DEFAULT_BIN, Psp
 
     snap = reply.snapshot
     note = ""
@@ -87,6 +89,27 @@ def rank(reply: DiagnoseReply) -> Ranking:
         policy: Any = registry.load(reply.policy, dict(reply.params))
     except Exception as exc:  # a policy this command cannot load: say so
         policy, note = None, f"policy {reply.policy!r} not loadable here: {exc}"
+    order: list[PendingView] = list(snap.pending)
+    blocked: dict[int, str] = {}
+    # A policy that reorders the queue has ``order(snap)`` (the priority
+    # policies' method, or a backfill policy's ``order`` function when set).
+    order_fn = getattr(policy, "order", None)
+    if callable(order_fn):
+        order = list(order_fn(snap))
+    blocked_fn = getattr(policy, "blocked", None)
+    if callable(blocked_fn):
+        blocked = dict(blocked_fn(snap, order))
+        order = [p for p in order if p.id not in blocked]
+    return policy, order, blocked, note
+
+
+def rank(reply: DiagnoseReply) -> Ranking:
+    """The order, blocks and priority weights of the policy the server runs."""
+    from minibatch.policy.fairshare import Fairshare, FairshareTargets
+    from minibatch.policy.priority import Maui, PriorityWeights
+    from minibatch.policy.psp import DEFAULT_BIN, Psp
+
+    policy, order, blocked, note = queue_order(reply)
     weights, targets, default_bin = PriorityWeights(), FairshareTargets(), DEFAULT_BIN
     if isinstance(policy, Maui):
         weights = policy.weights
@@ -108,17 +131,6 @@ def rank(reply: DiagnoseReply) -> Ranking:
         weights = PriorityWeights(
             queuetimeweight=0.0, pspbinweight=1.0, psp_default_bin=default_bin
         )
-    order: list[PendingView] = list(snap.pending)
-    blocked: dict[int, str] = {}
-    # A policy that reorders the queue has ``order(snap)`` (the priority
-    # policies' method, or a backfill policy's ``order`` function when set).
-    order_fn = getattr(policy, "order", None)
-    if callable(order_fn):
-        order = list(order_fn(snap))
-    blocked_fn = getattr(policy, "blocked", None)
-    if callable(blocked_fn):
-        blocked = dict(blocked_fn(snap, order))
-        order = [p for p in order if p.id not in blocked]
     return Ranking(
         policy=reply.policy,
         order=order,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 from minibatch.cli import common
-from minibatch.cli.ranking import maui_date, maui_duration, rank
+from minibatch.cli.ranking import maui_date, maui_duration, queue_order
 from minibatch.core.job import Job, JobState
 from minibatch.core.reservation import Reservation
 from minibatch.protocol.messages import DiagnoseReply, NodeInfo
@@ -63,18 +63,18 @@ def render_showq(
     sections ("active", "eligible", "blocked": ``-r``, ``-i``, ``-b``), and only
     ``user``'s jobs (``-u``)."""
     snap = reply.snapshot
-    ranking = rank(reply)
+    _, order, limited, note = queue_order(reply)
     jobs = {j.id: j for j in reply.jobs}
     active = [j for j in reply.jobs if j.state in (JobState.RUNNING, JobState.EXITING)]
     active.sort(key=lambda j: ((j.start_time or now) + j.request.walltime, j.id))
-    eligible = [jobs[p.id] for p in ranking.order if p.id in jobs]
+    eligible = [jobs[p.id] for p in order if p.id in jobs]
     listed = {j.id for j in eligible}
     blocked: list[tuple[Job, str, str]] = []
     for job in reply.jobs:
         if job.state in _BLOCKED_STATE:
             blocked.append((job, _BLOCKED_STATE[job.state], job.reason))
         elif job.state is JobState.QUEUED and job.id not in listed:
-            reason = ranking.blocked.get(job.id) or job.reason
+            reason = limited.get(job.id) or job.reason
             blocked.append((job, "Idle", reason))
     if user is not None:
         active = [j for j in active if j.user == user]
@@ -101,8 +101,8 @@ def render_showq(
             f"Total Jobs: {total}   Active Jobs: {len(active)}   "
             f"Eligible Jobs: {len(eligible)}   Blocked Jobs: {len(blocked)}"
         )
-    if ranking.note and (not only or "eligible" in only):
-        lines.append(f"note: {ranking.note}; eligible jobs are in queue order")
+    if note and (not only or "eligible" in only):
+        lines.append(f"note: {note}; eligible jobs are in queue order")
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
