@@ -75,7 +75,9 @@ def array_line(tasks: Sequence[Job]) -> ArraySummary:
         exit_status=None,
         signal=None,
         comment="",
-        reason="",
+        # A waiting array waits on what its first task does (a dependency
+        # makes its letter H, as a task's).
+        reason=tasks[0].reason if state is JobState.WAITING else "",
         tasks=len(tasks),
     )
     return ArraySummary(**fields)

@@ -17,6 +17,7 @@ import msgspec
 from minibatch.cli.attrs import option_attrs
 from minibatch.core.job import (
     ACTIVE_STATES,
+    DEPENDENCY_REASON,
     Job,
     JobState,
     allocated_cpu_seconds,
@@ -64,7 +65,13 @@ def _table(
 
 
 def letter(job: Job) -> str:
+    if job.state is JobState.WAITING and on_dependency(job):
+        return "H"  # as Torque: a system hold
     return state_letter(job.state, job.result)
+
+
+def on_dependency(job: Job) -> bool:
+    return job.reason.startswith(DEPENDENCY_REASON)
 
 
 def elapsed(job: Job, now: float) -> float | None:
@@ -72,6 +79,12 @@ def elapsed(job: Job, now: float) -> float | None:
     if job.start_time is None:
         return None
     return (job.end_time if job.end_time is not None else now) - job.start_time
+
+
+def _hold_types(job: Job) -> str:
+    if job.state is JobState.HELD:
+        return "u"
+    return "s" if job.state is JobState.WAITING and on_dependency(job) else "n"
 
 
 def exec_host(job: Job) -> str:
@@ -224,7 +237,7 @@ def _full_attrs(job: Job, now: float) -> list[tuple[str, str | None]]:
         ("Error_Path", job.stderr_path or None),
         ("exec_host", exec_host(job) or None),
         ("exec_cpus", exec_cpus(job) or None),
-        ("Hold_Types", "u" if job.state is JobState.HELD else "n"),
+        ("Hold_Types", _hold_types(job)),
         ("Join_Path", "oe" if job.join else "n"),
         ("Output_Path", job.stdout_path or None),
         ("qtime", _ctime(job.submit_time)),

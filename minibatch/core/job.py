@@ -65,6 +65,12 @@ _LETTERS: Final = {
 }
 
 
+#: How the server begins the reason of a job waiting on a dependency. Torque
+#: and PBS Pro show such a job held (``H``, hold type ``s``); ``W`` is for a
+#: job waiting for its start time (``qsub -a``).
+DEPENDENCY_REASON = "dependency on"
+
+
 def state_letter(state: JobState, result: JobResult | None) -> str:
     """PBS letter: Q H W R E, then C for a completed job and F for any other end."""
     if state is JobState.FINISHED:

@@ -19,6 +19,7 @@ import msgspec
 from minibatch.config import Config
 from minibatch.core.job import (
     ACTIVE_STATES,
+    DEPENDENCY_REASON,
     PENDING_STATES,
     Allocation,
     Job,
@@ -338,7 +339,7 @@ class ServerState:
             ids = ", ".join(map(str, waiting))
             begin = job.options.begin
             if waiting:
-                job.reason = f"dependency on {ids}"
+                job.reason = f"{DEPENDENCY_REASON} {ids}"
             elif begin is not None and begin > self.clock():
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(begin))
                 job.reason = f"not before {when} (qsub -a / --begin)"

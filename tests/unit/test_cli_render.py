@@ -90,12 +90,14 @@ def test_qstat_default_empty_and_letters():
         for j in (
             job(state=JobState.HELD),
             job(state=JobState.WAITING),
+            job(state=JobState.WAITING, reason="dependency on 5"),
             running(state=JobState.EXITING),
             finished(),
             finished(JobResult.TIMEOUT),
         )
     ]
-    assert letters == ["H", "W", "E", "C", "F"]
+    # W waits for a start time; a dependency is a system hold, as in Torque.
+    assert letters == ["H", "W", "H", "E", "C", "F"]
 
 
 def test_array_tasks_show_their_display_id():
