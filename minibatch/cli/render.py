@@ -26,7 +26,7 @@ from minibatch.core.job import (
     state_letter,
 )
 from minibatch.core.units import format_cpu_list, format_duration, format_size_kb
-from minibatch.protocol.messages import NodeInfo
+from minibatch.protocol.messages import AltRow, NodeInfo, Row
 
 QUEUE = "batch"
 
@@ -65,13 +65,14 @@ def _table(
 
 
 def letter(job: Job) -> str:
-    if job.state is JobState.WAITING and on_dependency(job):
+    if on_dependency(job):
         return "H"  # as Torque: a system hold
     return state_letter(job.state, job.result)
 
 
 def on_dependency(job: Job) -> bool:
-    return job.reason.startswith(DEPENDENCY_REASON)
+    """Whether ``job`` waits on a dependency (a system hold, to Torque)."""
+    return job.state is JobState.WAITING and job.reason.startswith(DEPENDENCY_REASON)
 
 
 def elapsed(job: Job, now: float) -> float | None:
@@ -84,7 +85,7 @@ def elapsed(job: Job, now: float) -> float | None:
 def _hold_types(job: Job) -> str:
     if job.state is JobState.HELD:
         return "u"
-    return "s" if job.state is JobState.WAITING and on_dependency(job) else "n"
+    return "s" if on_dependency(job) else "n"
 
 
 def exec_host(job: Job) -> str:
@@ -150,7 +151,7 @@ def qstat_default(jobs: Sequence[Job]) -> str:
     return qstat_default_table([qstat_default_row(j) for j in jobs])
 
 
-def qstat_default_row(j: Job) -> tuple[str, str, str, str, str, str]:
+def qstat_default_row(j: Job) -> Row:
     """One line of ``qstat``; the server sends these for a bare ``qstat``."""
     return (j.display_id, j.name, j.user, _cput(j), letter(j), j.queue or QUEUE)
 
@@ -166,11 +167,6 @@ def qstat_default_table(rows: Sequence[Sequence[str]]) -> str:
 def qstat_alt(jobs: Sequence[Job], now: float, server: str = "") -> str:
     """``qstat -a``: requested memory and time, nodes/tasks and elapsed time."""
     return qstat_alt_table([qstat_alt_row(j) for j in jobs], now, server)
-
-
-AltRow = tuple[
-    str, str, str, str, str, str, str, str, str, str, float | None, float | None
-]
 
 
 def qstat_alt_row(j: Job) -> AltRow:

@@ -105,13 +105,15 @@ class JobRows(Msg, frozen=True, kw_only=True, tag="job_rows"):
     rows: msgspec.Raw
 
 
-#: The type of :attr:`JobRows.rows`.
-ROW = list[tuple[str, str, str, str, str, str]]
+#: One row of a bare ``qstat``, and the type of :attr:`JobRows.rows`.
+Row = tuple[str, str, str, str, str, str]
+ROW = list[Row]
 #: ... when asked with ``alt``: ten cells of ``qstat -a``, then the start and
 #: end time its elapsed time is computed from.
-ALT_ROW = list[
-    tuple[str, str, str, str, str, str, str, str, str, str, float | None, float | None]
+AltRow = tuple[
+    str, str, str, str, str, str, str, str, str, str, float | None, float | None
 ]
+ALT_ROW = list[AltRow]
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):

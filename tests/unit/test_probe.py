@@ -1,5 +1,7 @@
 """Which daemons run: pid files checked against /proc, read without psutil
-(``mb status``), and agreeing with what psutil reads."""
+(``mb status``), and agreeing with what psutil reads; and whose cluster it is.
+The ownership tests act as root and as another uid, as the suite runs (root:
+cgroups and users are its to make)."""
 
 from __future__ import annotations
 
@@ -145,12 +147,10 @@ def test_another_users_cluster_is_neither_stopped_nor_started(
     assert sorted(home.run.iterdir()) == before  # no layout.json, pid files kept
 
 
-ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 #: A uid no user has (``useradd`` stops far below).
 NO_USER = 4_000_000
 
 
-@ROOT_ONLY
 def test_root_stops_any_cluster_but_starts_only_its_own(home: Paths) -> None:
     os.chown(home.home, NO_USER, NO_USER)
     assert probe.owner(home) == NO_USER
@@ -193,7 +193,6 @@ def home_in_tmp() -> Iterator[Paths]:
     shutil.rmtree(where)
 
 
-@ROOT_ONLY
 def test_a_user_cannot_stop_roots_daemons_in_their_own_home(
     home_in_tmp: Paths, fake_server: Path, stopper: list[subprocess.Popen[bytes]]
 ) -> None:
