@@ -7,8 +7,15 @@ directories, and its CPUs and time limit as resizes change them. A restarted
 daemon reads these files before it says hello: a job whose cgroup still holds
 processes is re-adopted, anything else of it is killed (:mod:`.tracker`).
 
-Files are replaced atomically (written aside, renamed over), so a crash in the
-middle of a write leaves the previous version.
+The first version of a record is written just before the fork, with no pid;
+the pid is appended after it (a line of its own) once the fork returned. Later
+versions (a resize changes the CPUs or the time limit) replace the file
+atomically (written aside, renamed over), so a crash in the middle of a write
+leaves the previous version. Why not two atomic replaces at launch: on ext4 a
+rename over a file forces the new file's blocks to be allocated at once
+(``auto_da_alloc``), so a record that had been replaced made its launch and its
+removal cost ~10x more than one written once and appended to, on the path of
+every job.
 """
 
 from __future__ import annotations
@@ -58,16 +65,45 @@ def path(spool: Path, job: int) -> Path:
     return spool / f"{job}{_SUFFIX}"
 
 
-def save(spool: Path, record: RunRecord) -> None:
-    target = path(spool, record.spec.job)
-    aside = target.with_suffix(".run-new")
+def _write(target: Path, data: bytes, flags: int = os.O_CREAT | os.O_TRUNC) -> None:
     # Root-only: it holds the job's environment.
-    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    fd = os.open(target, os.O_WRONLY | os.O_NOFOLLOW | flags, 0o600)
     try:
-        os.write(fd, _encoder.encode(record))
+        os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def begin(spool: Path, record: RunRecord) -> None:
+    """The record written before the fork (``record.pid`` 0). A crash in the
+    middle leaves a record that cannot be read: nothing was started yet, and
+    :func:`load_all` discards it."""
+    _write(path(spool, record.spec.job), _encoder.encode(record))
+
+
+def started(spool: Path, job: int, pid: int) -> None:
+    """Add the job's top process to the record :func:`begin` wrote."""
+    _write(path(spool, job), b"\n%d" % pid, os.O_APPEND)
+
+
+def save(spool: Path, record: RunRecord) -> None:
+    """Replace the job's record with ``record``, atomically."""
+    target = path(spool, record.spec.job)
+    aside = target.with_suffix(".run-new")
+    _write(aside, _encoder.encode(record))
     os.replace(aside, target)
+
+
+def parse(data: bytes) -> RunRecord:
+    """A record as :func:`begin` and :func:`started` (or :func:`save`) left it."""
+    body, _, pid = data.partition(b"\n")
+    rec = _decoder.decode(body)
+    if pid:
+        try:
+            rec.pid = int(pid)
+        except ValueError:
+            raise msgspec.DecodeError(f"bad pid line {pid[:32]!r}") from None
+    return rec
 
 
 def remove(spool: Path, job: int) -> None:
@@ -81,7 +117,7 @@ def load_all(spool: Path, node: str | None = None) -> list[RunRecord]:
     found: list[RunRecord] = []
     for entry in sorted(spool.glob(f"*{_SUFFIX}")):
         try:
-            rec = _decoder.decode(entry.read_bytes())
+            rec = parse(entry.read_bytes())
         except (OSError, msgspec.DecodeError) as exc:
             log.warning("ignoring the unreadable job record %s: %s", entry, exc)
             with contextlib.suppress(OSError):

@@ -56,6 +56,7 @@ from minibatch.config import NodeDaemonConfig
 from minibatch.core.job import JobResult
 from minibatch.node import limits, procfs, records, shm
 from minibatch.node.cgroup import Cgroups, JobCgroup
+from minibatch.node.exits import ExitWatch
 from minibatch.node.launcher import Launcher
 from minibatch.node.ownership import Ownership, Run, ended_report, failed_report
 from minibatch.node.procfs import ProcTable
@@ -98,6 +99,8 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.stopping = False
+        #: Process exits, while re-adopted jobs run (:mod:`.exits`).
+        self.exits: ExitWatch | None = None
 
     def _arm_walltime(self, run: Run, limit: float) -> None:
         """(Re)arm the walltime kill ``limit`` seconds after the job's start."""
@@ -228,6 +231,8 @@ class Supervisor:
             self._close_cgroup(run)
             removal = functools.partial(_remove_cgroup, run.cg, run.spec.display_id)
         self._own.remove(run)
+        if run.adopted and not any(r.adopted for r in self._own.jobs.values()):
+            self._stop_watching_exits()
         self._remember(run.spec.job, run.spec.reruns)
         self.launcher.cleanup_later(run.spec.job, removal)
         if not self._own.jobs:
@@ -379,6 +384,33 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
 
+    # ------------------------------------------------------- re-adopted exits
+
+    def _watch_exits(self, exits: ExitWatch, runs: list[Run]) -> None:
+        """Take the exit statuses of the re-adopted ``runs`` from ``exits``."""
+        self.exits = exits
+        for run in runs:
+            exits.watch(run.pid)
+        if self._loop is not None:
+            self._loop.add_reader(exits.fileno(), self._exited)
+
+    def _exited(self) -> None:
+        if self.exits is not None:
+            self.exits.drain(self._adopted_exit)
+
+    def _adopted_exit(self, pid: int, status: int) -> None:
+        for run in list(self._own.jobs.values()):
+            if run.adopted and run.pid == pid and run.status is None:
+                run.status = status
+                self._settle(run)
+
+    def _stop_watching_exits(self) -> None:
+        exits, self.exits = self.exits, None
+        if exits is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(exits.fileno())
+            exits.close()
+
     # ------------------------------------------------------------ sampling
 
     async def _tick_forever(self) -> None:
@@ -391,6 +423,7 @@ class Supervisor:
 
     def _tick(self) -> None:
         self.reap()
+        self._exited()
         if not self._own.jobs and not self._own.strangers:
             return
         table = self._own.scan()

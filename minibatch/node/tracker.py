@@ -18,6 +18,7 @@ from minibatch.core.job import JobResult
 from minibatch.core.units import format_cpu_list
 from minibatch.node import procfs, records, resizer
 from minibatch.node.cgroup import JobCgroup
+from minibatch.node.exits import ExitWatch
 from minibatch.node.launcher import LaunchError, describe_os_error
 from minibatch.node.ownership import Run, ended_report, failed_report
 from minibatch.node.supervisor import Report, Supervisor
@@ -130,7 +131,12 @@ class Tracker(Supervisor):
         again). Returns (re-adopted, reported) job ids."""
         adopted: list[int] = []
         killed: list[int] = []
-        for rec in records.load_all(self.launcher.spool, self.launcher.node):
+        left = records.load_all(self.launcher.spool, self.launcher.node)
+        # Listening from before the first look at a job's processes: an exit
+        # cannot fall between that look and the subscription.
+        exits = ExitWatch.open() if left and self.cgroups is not None else None
+        runs: list[Run] = []
+        for rec in left:
             cg = JobCgroup.at(rec.cgroup) if self.cgroups else None
             inside = cg.procs() if cg is not None else []
             if cg is not None and inside:
@@ -148,6 +154,7 @@ class Tracker(Supervisor):
                 self._own.add(run)
                 self._idle.clear()
                 self._arm_walltime(run, rec.limit or rec.spec.walltime)
+                runs.append(run)
                 adopted.append(rec.spec.job)
                 log.info("job %s: re-adopted (pid %d)", rec.spec.display_id, rec.pid)
                 continue
@@ -181,6 +188,10 @@ class Tracker(Supervisor):
                     rec.spec.job, JobResult.NODE_FAIL, why, rec.spec.reruns, True
                 )
             )
+        if exits is not None and runs:
+            self._watch_exits(exits, runs)
+        elif exits is not None:
+            exits.close()
         return adopted, killed
 
     def _ended_unseen(self, rec: records.RunRecord, cg: JobCgroup | None) -> JobEnded:
@@ -230,8 +241,8 @@ class Tracker(Supervisor):
             placement = self.cgroups.inside(cg) if self.cgroups and cg else None
             # Taken before the fork: the job may write files before we look up.
             start = time.time()
-            # Recorded before the fork too (pid 0: not known yet), so that a
-            # daemon killed right after it leaves a trace of the job.
+            # Recorded before the fork too (the pid is added after it), so
+            # that a daemon killed right after it leaves a trace of the job.
             first = records.RunRecord(
                 node=self.launcher.node,
                 spec=spec,
@@ -242,7 +253,7 @@ class Tracker(Supervisor):
                 limit=float(spec.walltime),
             )
             try:
-                records.save(self.launcher.spool, first)
+                records.begin(self.launcher.spool, first)
             except OSError as exc:
                 why = f"cannot record it: {describe_os_error(exc)}"
                 raise LaunchError(why, node_trouble=True) from exc
@@ -273,7 +284,10 @@ class Tracker(Supervisor):
         self._own.add(run)
         self._idle.clear()
         self._arm_walltime(run, spec.walltime)
-        self._record(run)
+        try:
+            records.started(self.launcher.spool, spec.job, run.pid)
+        except OSError as exc:
+            log.warning("job %s: cannot record its pid: %s", spec.display_id, exc)
         log.info("job %s: started pid %d", spec.display_id, run.pid)
         self._emit(JobStarted(job=spec.job, pid=run.pid, time=run.start))
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
+import struct
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +15,7 @@ import pytest
 from minibatch.config import Config, NodeConfig
 from minibatch.core.job import JobResult
 from minibatch.errors import InvalidArgument
-from minibatch.node import procfs
+from minibatch.node import exits, procfs, records
 from minibatch.node.launcher import (
     Identity,
     LaunchError,
@@ -169,3 +173,66 @@ def test_node_settings_from_config() -> None:
     assert node_settings(args, config) == ([5], 2048, [])
     with pytest.raises(InvalidArgument):
         node_settings(_parse(["--name", "c"]), config)
+
+
+def test_a_record_is_written_once_and_its_pid_appended(tmp_path: Path) -> None:
+    rec = records.RunRecord(node="n1", spec=spec(), pid=0, start=1.5, limit=60.0)
+    records.begin(tmp_path, rec)
+    (before,) = records.load_all(tmp_path)
+    assert before.pid == 0 and before.spec.job == 12
+    records.started(tmp_path, 12, 4321)
+    (after,) = records.load_all(tmp_path, "n1")
+    assert after.pid == 4321 and after.start == 1.5 and after.limit == 60.0
+    assert not records.load_all(tmp_path, "n2")
+    # A later version replaces the whole record, pid included.
+    records.save(tmp_path, records.RunRecord(node="n1", spec=spec(), pid=99, start=2))
+    assert [r.pid for r in records.load_all(tmp_path)] == [99]
+
+
+def test_a_record_cut_short_is_discarded(tmp_path: Path) -> None:
+    rec = records.RunRecord(node="n1", spec=spec(), pid=0, start=1.5)
+    records.begin(tmp_path, rec)
+    whole = records.path(tmp_path, 12).read_bytes()
+    records.path(tmp_path, 12).write_bytes(whole[: len(whole) // 2])
+    assert records.load_all(tmp_path) == []
+    assert not records.path(tmp_path, 12).exists()
+    records.path(tmp_path, 12).write_bytes(whole + b"\n12x")
+    assert records.load_all(tmp_path) == []
+
+
+def test_process_events_give_the_wait_status_of_a_process_not_ours() -> None:
+    # The kernel's own events (this suite runs as root, as a production node
+    # daemon does): an orphan of a shell, which the shell never waits for.
+    watch = exits.ExitWatch.open()
+    assert watch is not None
+    try:
+        out = subprocess.run(
+            ["/bin/sh", "-c", "(sleep 0.2; exit 5) & echo $!"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        orphan = int(out.stdout)
+        watch.watch(orphan)
+        seen: list[tuple[int, int]] = []
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            select.select([watch], [], [], 0.5)
+            watch.drain(lambda pid, status: seen.append((pid, status)))
+        assert seen == [(orphan, 5 << 8)]
+        assert watch.status(orphan) == 5 << 8 and watch.status(orphan) is None
+    finally:
+        watch.close()
+
+
+def test_process_event_datagrams_are_parsed_by_their_layout() -> None:
+    def event(what: int, pid: int, tgid: int, status: int) -> bytes:
+        body = struct.pack("=IIIIHH", 1, 1, 0, 0, 40, 0)
+        body += struct.pack("=IIQ", what, 0, 0)
+        body += struct.pack("=IIII", pid, tgid, status, 17)
+        return struct.pack("=IHHII", 16 + len(body), 3, 0, 0, 0) + body
+
+    exit_ = 0x80000000
+    data = event(exit_, 10, 10, 256) + event(exit_, 11, 10, 0) + event(1, 12, 12, 0)
+    assert exits.parse(data) == [(10, 256)]  # a thread's exit and a fork are not
+    assert exits.parse(b"\0" * 10) == []
