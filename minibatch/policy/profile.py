@@ -291,7 +291,8 @@ class Profile:
         """The earliest ``t >= x`` (and ``<= limit``) at which node ``i`` holds
         one node's share of ``shape`` over ``[t, t + w)``, or None."""
         _, ppn, mem, gpus = shape
-        return self.nodes[i].start((ppn, mem, gpus), w, x, limit)
+        t = self.nodes[i].start((ppn, mem, gpus), w, x, limit)
+        return None if t > limit or t == INF else t
 
     def earliest(
         self, shape: Shape, w: float, after: float

@@ -108,7 +108,7 @@ class Search:
         node. Nodes come up by (bound, node) until none can beat the best so
         far; a stale bound is brought up to date first (searching no further
         than the best: beyond it the node cannot win, and its bound becomes the
-        next value after the best, still stale)."""
+        lower bound that search ends on, still stale)."""
         nodes = self.prof.nodes
         _, ppn, mem, gpus = shape
         need = (ppn, mem, gpus)
@@ -120,26 +120,19 @@ class Search:
                 break
             node = nodes[i]
             if i in stale:
-                nb = node.hole(span, b)
-                if nb > best:
-                    # The node cannot win: its bound moves to its next hole
-                    # long enough, still stale (cheaper than searching it).
-                    order[p] = (nb, i)
-                    values[i] = nb
-                    raised = True
-                    continue
-                stale.discard(i)
-                found = node.start(relaxed, span, nb)
-                nb = INF if found is None else found
+                nb = node.start(relaxed, span, b, best)
                 if nb != b:
                     order[p] = (nb, i)
                     values[i] = nb
                     raised = True
-                    if nb > best:
-                        continue
-                    b = nb
+                if nb > best:
+                    # The node cannot win: its bound moves past the best,
+                    # still stale (searching it further would cost more).
+                    continue
+                stale.discard(i)
+                b = nb
             e = node.start(need, w, b if b > after else after, best)
-            if e is not None and (e < best or i < where):
+            if e <= best and (e < best or i < where):
                 best, where = e, i
         if raised:
             bounds.settle()
@@ -183,11 +176,9 @@ class Search:
                 lb, i, at = heappop(queue)
                 node = nodes[i]
                 if at >= 0 and i in stale:
-                    nb = node.hole(span, lb)
+                    nb = node.start(relaxed, span, lb, t)
                     if nb <= t:
                         stale.discard(i)
-                        found = node.start(relaxed, span, nb)
-                        nb = INF if found is None else found
                     if nb != lb:
                         order[at] = (nb, i)
                         values[i] = nb
@@ -230,7 +221,7 @@ class Search:
         """Find node ``i``'s first stretch of starts from ``t`` on: it holds
         ``t``, or it waits in ``queue`` (or the node never fits again)."""
         first = node.start(need, w, t)
-        if first is None:
+        if first == INF:
             return
         last[i] = node.latest(need, w, first)
         if first == t:
@@ -256,8 +247,7 @@ class Search:
         if bounds is None:
             values = []
             for node in prof.nodes:
-                found = node.start(relaxed, span, after)
-                values.append(INF if found is None else found)
+                values.append(node.start(relaxed, span, after))
             bounds = _Bounds(len(prof.log), values)
             if cached:
                 self._cache[key] = bounds

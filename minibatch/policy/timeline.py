@@ -204,25 +204,13 @@ class Timeline:
             k += 1
         return INF if k == n else times[k] - w
 
-    def hole(self, w: float, x: float) -> float:
-        """The earliest ``t >= x`` at which a hole has room for ``w`` (INF if
-        none): no job that needs a CPU can start on the node before."""
-        if self._lo < INF:
-            self._settle()
-        starts, ends = self.starts, self.ends
-        for h in range(bisect_right(ends, x), len(starts)):
-            a = starts[h]
-            if a < x:
-                a = x
-            if ends[h] - a >= w:
-                return a
-        return INF
-
-    def start(self, need: Need, w: float, x: float, limit: float = INF) -> float | None:
-        """The earliest ``t >= x`` (and ``<= limit``) at which the node holds
-        ``need`` over ``[t, t + w)``, or None: hole by hole (those long enough),
-        and inside a hole change point by change point. One method, no helper
-        per hole: it runs hundreds of thousands of times a pass."""
+    def start(self, need: Need, w: float, x: float, limit: float = INF) -> float:
+        """The earliest ``t >= x`` at which the node holds ``need`` over ``[t,
+        t + w)`` if it is ``<= limit``; else a lower bound of it past ``limit``
+        (INF: never): hole by hole (those long enough), and inside a hole
+        change point by change point. The bound spares a search a second walk
+        to find where a node it gave up on may start. One method, no helper per
+        hole: it runs hundreds of thousands of times a pass."""
         ppn, mem, gpus = need
         times, cpu = self.times, self.cpu
         free = self.mem if mem else None
@@ -230,7 +218,7 @@ class Timeline:
         if gpus:
             gpu = self.gpu
             if gpu is None:
-                return None
+                return INF
         if ppn < 1:  # needs no CPU: the whole timeline is one hole
             starts, ends = [times[0]], [INF]
         else:
@@ -242,12 +230,12 @@ class Timeline:
             a = starts[h]
             if a < x:
                 a = x
-            if a > limit:
-                return None
             end_of_hole = ends[h]
             last = end_of_hole - w  # the latest start inside this hole
             if last < a:
                 continue
+            if a > limit:
+                return a
             if last > limit:
                 last = limit
             k = bisect_right(times, a) - 1
@@ -267,6 +255,8 @@ class Timeline:
                     if t < a:
                         t = a
                     if t > last:
+                        if t > limit:
+                            return t  # nothing before t: none up to limit
                         break
                     end = t + w
                     if end <= dip:
@@ -292,4 +282,4 @@ class Timeline:
                     if k < stop:
                         continue
                 break
-        return None
+        return INF
