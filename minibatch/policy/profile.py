@@ -73,7 +73,7 @@ class Profile:
         "_started",
         "labels",
         "plain",
-        "log",
+        "changes",
         "_search",
         "_searches",
         "_room",
@@ -106,9 +106,9 @@ class Profile:
         #: Who owns the dip at a time, for reasons: a job id (its reservation) or
         #: words ("run into reservation 'maint'").
         self.labels: dict[float, str | int] = {}
-        #: The nodes changed since the first search with bounds, in order (it
-        #: keeps its bounds up to date from it), and that search's state.
-        self.log: list[int] = []
+        #: How many times each node changed since the first search with
+        #: bounds (a bound made at another count is stale), and that search.
+        self.changes = [0] * len(names)
         self._search: Search | None = None
         self._searches = 0
         # What segment 0 answers, until it changes: :meth:`roomiest` by CPUs,
@@ -348,7 +348,7 @@ class Profile:
             lo = node.point(start)
         hi = len(node.times) if end == INF else node.point(end)
         if search is not None:
-            self.log.append(i)
+            self.changes[i] += 1
         node.add(lo, hi, cpus, mem, gpus)
         if cpus < 0 or mem < 0 or gpus < 0:
             dip = -1.0 if start is None else start

@@ -51,16 +51,15 @@ def _floor16(n: int) -> int:
 
 class _Bounds:
     """The bounds of one relaxed job: per node, and as (bound, node) pairs in
-    order (nodes that can never hold it left out); the nodes changed since
-    their bound was made, and how much of the profile's log that covers."""
+    order (nodes that can never hold it left out); per node, the profile's
+    count of its changes when its bound was made (another count: stale)."""
 
-    __slots__ = ("seen", "values", "order", "stale")
+    __slots__ = ("seen", "values", "order")
 
-    def __init__(self, seen: int, values: list[float]) -> None:
+    def __init__(self, seen: list[int], values: list[float]) -> None:
         self.seen = seen
         self.values = values
         self.order = sorted((b, i) for i, b in enumerate(values) if b < INF)
-        self.stale: set[int] = set()
 
     def settle(self) -> None:
         """Sort ``order`` again after bounds were raised in place (searches
@@ -112,14 +111,15 @@ class Search:
         nodes = self.prof.nodes
         _, ppn, mem, gpus = shape
         need = (ppn, mem, gpus)
-        order, values, stale = bounds.order, bounds.values, bounds.stale
+        order, values, seen = bounds.order, bounds.values, bounds.seen
+        changes = self.prof.changes
         best, where = INF, len(values)
         raised = False
         for p, (b, i) in enumerate(order):
             if b > best or (b == best and i > where):
                 break
             node = nodes[i]
-            if i in stale:
+            if seen[i] != changes[i]:
                 nb = node.start(relaxed, span, b, best)
                 if nb != b:
                     order[p] = (nb, i)
@@ -129,7 +129,7 @@ class Search:
                     # The node cannot win: its bound moves past the best,
                     # still stale (searching it further would cost more).
                     continue
-                stale.discard(i)
+                seen[i] = changes[i]
                 b = nb
             e = node.start(need, w, b if b > after else after, best)
             if e <= best and (e < best or i < where):
@@ -157,7 +157,8 @@ class Search:
         count, ppn, mem, gpus = shape
         need = (ppn, mem, gpus)
         nodes = self.prof.nodes
-        order, values, stale = bounds.order, bounds.values, bounds.stale
+        order, values, seen = bounds.order, bounds.values, bounds.seen
+        changes = self.prof.changes
         # (first start, node, its position in ``order`` or -1 once searched),
         # the stretches found: node -> last start, and those that hold ``t``.
         queue: list[tuple[float, int, int]] = []
@@ -175,10 +176,10 @@ class Search:
                     break
                 lb, i, at = heappop(queue)
                 node = nodes[i]
-                if at >= 0 and i in stale:
+                if at >= 0 and seen[i] != changes[i]:
                     nb = node.start(relaxed, span, lb, t)
                     if nb <= t:
-                        stale.discard(i)
+                        seen[i] = changes[i]
                     if nb != lb:
                         order[at] = (nb, i)
                         values[i] = nb
@@ -235,8 +236,8 @@ class Search:
         that walltime. They are kept per (CPUs, memory, walltime) for the whole
         pass when searched from now: a pass only ever takes resources, so an
         earliest start can only move later and a bound, once true, stays true.
-        A node changed since its bound was made is marked stale; the caller
-        searches it again from the bound, only when the bound is needed.
+        A node changed since its bound was made is stale; the caller searches
+        it again from the bound, only when the bound is needed.
         """
         wb = int(w).bit_length() - 1 if w >= 1 else -1
         span = float(1 << wb) if wb >= 0 else 0.0
@@ -248,13 +249,9 @@ class Search:
             values = []
             for node in prof.nodes:
                 values.append(node.start(relaxed, span, after))
-            bounds = _Bounds(len(prof.log), values)
+            bounds = _Bounds(prof.changes[:], values)
             if cached:
                 self._cache[key] = bounds
-        log = prof.log
-        if bounds.seen < len(log):
-            bounds.stale.update(log[bounds.seen :])
-            bounds.seen = len(log)
         return bounds, span
 
 
