@@ -209,8 +209,11 @@ def ended_report(
         result = run.kill_reason
     elif run.adopted and status is None:
         # Its top process was reaped by whoever inherited it while no daemon
-        # ran: it ended by itself, how is not known.
-        result = JobResult.COMPLETED
+        # listened: it ended by itself, how is not known. Not a success: an
+        # afterok dependent must not run on a failure nobody saw (Slurm says
+        # NODE_FAIL when the daemon that would have known is gone). Not run
+        # again either: it did run, perhaps to the end.
+        result = JobResult.NODE_FAIL
         comments.append(f"{unseen}; exit status unknown")
     elif exit_status == 0:
         result = JobResult.COMPLETED

@@ -263,12 +263,21 @@ class _Names:
         # are only filled in for jobs submitted the Slurm way. Most paths
         # have neither (an array's 1,000 tasks: no pattern matching then).
         path = given
+        shared = index is not None and not spec.options.slurm
         if "^" in path or "$" in path:
             path = self.pbs(path, display, index)
+            if shared and index is not None:
+                other = f"{array}[{index + 1}]"
+                shared = self.pbs(given, other, index + 1) == path
         if spec.options.slurm and "%" in path:
             path = self.slurm(path, jid, array, index)
         if path.endswith("/"):
             path += default
+        elif shared:
+            # One file named for a whole Torque array: each task gets its own,
+            # "-<index>" added as Torque's job_clone does, or the tasks would
+            # overwrite each other's output (sbatch shares it, as Slurm does).
+            path += f"-{index}"
         return os.path.join(spec.workdir, path)
 
 

@@ -8,7 +8,9 @@ and the moments (each kill follows a burst by 0-0.4 s), and started again with
 ``c.up()``; a long job per node runs through all of it. Once everything has
 drained, only outcomes are checked:
 
-* every acknowledged job exists and ended exactly once, completed; nothing is
+* every acknowledged job exists and ended exactly once, completed (or, when it
+  ended while no daemon of its node ran, node_fail: its exit status is
+  unknown); nothing is
   left running, and no daemon logged a traceback;
 * a job ran once (its own side effect, a line appended with ``>>``, i.e.
   ``O_APPEND``, is there once), unless the server requeued it because its node
@@ -227,7 +229,11 @@ def check_outcomes(
     missing = set(acked) - set(by_id)
     assert not missing, f"acknowledged jobs lost: {sorted(missing, key=int)}"
     for j in jobs:
-        assert j["state"] == "finished" and j["result"] == "completed", j
+        assert j["state"] == "finished", j
+        # A job that ended while no daemon of its node listened: how is not
+        # known, and an unknown end is not a success (node_fail, not rerun).
+        unseen = "exit status unknown" in j["comment"]
+        assert j["result"] == ("node_fail" if unseen else "completed"), j
     # The job's own side effect: one line per run it made.
     runs = collections.Counter(ids.read_text().split())
     assert set(runs) == set(by_id), set(runs) ^ set(by_id)
@@ -395,6 +401,7 @@ def test_a_job_that_ends_while_its_node_daemon_is_dead_runs_once(
     c = cluster(nodes=1, cpus_per_node=1)
     runs = c.work / "runs"
     jid = c.qsub("--", "/bin/sh", "-c", f"sleep 1; echo $PBS_JOBID >> {runs}")
+    after = c.qsub("-W", f"depend=afterok:{jid}", "--", "touch", str(c.work / "ran"))
     c.wait_state(jid, "running")
     c.launched_procs(jid)
     kill9(c.pids()["node-node0"])
@@ -402,9 +409,15 @@ def test_a_job_that_ends_while_its_node_daemon_is_dead_runs_once(
     c.wait_for(lambda: not c.job_procs(jid), timeout=30, what="the job's end")
     c.up(wait=60)
     record = c.wait_state(jid, "finished", timeout=60)
-    assert record["result"] == "completed", record
+    # Nobody saw how it ended: not a success (an afterok dependent would run
+    # on a failure), and not run again (it did run).
+    assert record["result"] == "node_fail", record
+    assert record["exit_status"] is None, record
+    assert "ended while its node daemon was down" in record["comment"], record
     assert runs.read_text().split() == [jid], c.run("tracejob", jid).stdout
     assert record["reruns"] == 0, record
+    assert c.wait_state(after, "finished")["result"] == "cancelled"
+    assert not (c.work / "ran").exists()
 
 
 @pytest.mark.timeout(120)

@@ -186,6 +186,18 @@ def test_output_names_per_tool(state: ServerState):
     assert pbs.stderr_path == f"/w/{pbs.array_id}[7].err"
     (d,) = state.submit(spec(stdout_path="/w/logs/"), ME)
     assert d.stdout_path == f"/w/logs/j.o{d.id}"
+    # One file named for a whole Torque array: "-<index>" per task, as Torque
+    # does; a name that already differs per task is kept.
+    tasks = state.submit(
+        spec(array=[1, 2], stdout_path="/w/a.log", stderr_path="/w/$PBS_JOBNAME.e"),
+        ME,
+    )
+    assert [t.stdout_path for t in tasks] == ["/w/a.log-1", "/w/a.log-2"]
+    assert [t.stderr_path for t in tasks] == ["/w/j.e-1", "/w/j.e-2"]
+    keyed = state.submit(spec(array=[4], stdout_path="/w/$PBS_ARRAYID.o"), ME)
+    assert keyed[0].stdout_path == "/w/4.o"
+    shared = state.submit(spec(array=[1, 2], stdout_path="/w/s.out", options=slurm), ME)
+    assert {t.stdout_path for t in shared} == {"/w/s.out"}  # Slurm shares it
 
 
 def test_memory_no_node_has_is_refused_naming_it(state: ServerState):
