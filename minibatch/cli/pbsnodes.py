@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
-from minibatch.cli import common, render
+from minibatch.cli import common, noderender
 from minibatch.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -69,11 +69,11 @@ def pbsnodes_command(
         found = common.call(QueryNodes(names=names)).nodes
     found.sort(key=lambda n: n.name)
     if as_json:
-        sys.stdout.write(common.dump_json([render.node_record(n) for n in found]))
+        sys.stdout.write(common.dump_json([noderender.node_record(n) for n in found]))
     elif list_down:
-        sys.stdout.write(render.pbsnodes_list(found))
+        sys.stdout.write(noderender.pbsnodes_list(found))
     else:
-        sys.stdout.write(render.pbsnodes_full(found))
+        sys.stdout.write(noderender.pbsnodes_full(found))
     missing = [n for n in names if n not in {f.name for f in found}]
     for name in missing:
         print(f"pbsnodes: Unknown node {name}", file=sys.stderr)

@@ -222,7 +222,7 @@ def _apply(opts: SubmitOptions, letter: str, value: str, ctx: Context) -> None:
             )
     elif letter in _NEED_TERMINAL:
         raise InvalidArgument(
-            f"-{letter}: {_NEED_TERMINAL[letter]} are not supported; "
+            f"-{letter}: {_NEED_TERMINAL[letter]}: not supported; "
             "submit a batch job (qsub -- COMMAND) and follow its output file"
         )
     elif letter in _RECORDED:

@@ -121,6 +121,21 @@ def describe_os_error(exc: BaseException) -> str:
     return str(exc)
 
 
+def describe_exec_error(exc: BaseException, argv: list[str]) -> str:
+    """Why ``argv`` could not start. A script whose ``#!`` names a missing
+    interpreter fails with ENOENT on the script itself; say which program is
+    missing, as a shell says "bad interpreter"."""
+    if isinstance(exc, FileNotFoundError) and exc.filename == argv[0]:
+        with contextlib.suppress(OSError), open(argv[0], "rb") as script:
+            line = script.readline(256)
+            if line.startswith(b"#!"):
+                words = line[2:].split()
+                program = words[0].decode(errors="replace") if words else ""
+                if program and not os.path.exists(program):
+                    return f"{program}: bad interpreter: No such file or directory"
+    return describe_os_error(exc)
+
+
 def nodefile_lines(spec: LaunchSpec, node: str) -> list[str]:
     """One line per CPU per host, as PBS writes ``$PBS_NODEFILE``."""
     return [h for h in (spec.hosts or [node]) for _ in spec.cpus]
@@ -392,7 +407,12 @@ class Launcher:
                 umask=-1 if umask is None else umask,
             )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            raise LaunchError(describe_os_error(exc)) from exc
+            why = describe_exec_error(exc, argv)
+            # In the job's own error file too, where its user looks first
+            # (slurmstepd writes its execve error there).
+            with contextlib.suppress(OSError):
+                os.write(err_fd, f"minibatch: cannot start the job: {why}\n".encode())
+            raise LaunchError(why) from exc
         finally:
             os.sched_setaffinity(0, saved)
         give_back(popen.pid)  # the daemon's raised open file limit is not the job's

@@ -32,6 +32,7 @@ from minibatch.core.job import (
 )
 from minibatch.core.resize import refusal, start_limit
 from minibatch.core.snapshot import ClusterSnapshot, PendingView
+from minibatch.core.units import format_cpu_list
 from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import Kill, Launch, Message
@@ -484,7 +485,8 @@ class ServerState:
         job.alloc, job.start_time, job.reason = allocs, self.clock(), ""
         job.predicted_start = None
         self.store.put_job(job)
-        self.record(job, "started", " ".join(f"{a.node}/{a.cpus}" for a in allocs))
+        where = " ".join(f"{a.node}/{format_cpu_list(a.cpus)}" for a in allocs)
+        self.record(job, "started", where)
         self.outbox.append((self.route(allocs[0].node), Launch(spec=launch_spec(job))))
         self.generation += 1
         return None

@@ -279,3 +279,17 @@ def test_bad_input_is_refused_with_one_clear_line(cluster: ClusterFactory) -> No
     c.run("qalter", "-N", "renamed", "-l", "walltime=30", held)
     record = c.job(held)
     assert (record["name"], record["walltime"]) == ("renamed", 30)
+
+
+def test_a_script_whose_interpreter_is_missing_says_which(
+    cluster: ClusterFactory,
+) -> None:
+    c = cluster(nodes=1, cpus_per_node=1)
+    job = c.work / "gsi.sh"
+    job.write_text("#!/opt/nowhere/ksh --login\n#PBS -N gsi\necho hi\n")
+    jid = c.qsub(str(job))
+    record = c.wait_state(jid, "failed")
+    why = "/opt/nowhere/ksh: bad interpreter: No such file or directory"
+    assert why in record["comment"], record
+    # Where the user looks first, as slurmstepd writes it there.
+    assert why in (c.work / f"gsi.e{jid}").read_text()

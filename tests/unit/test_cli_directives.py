@@ -116,7 +116,7 @@ def test_ncpus_select_and_host_paths():
         ("#PBS -a tomorrow", "malformed date"),
         ("#PBS -m xyz", "expected n or letters"),
         ("#PBS -k q", "expected a mix of o, e, d"),
-        ("#PBS -I", "interactive jobs are not supported"),
+        ("#PBS -I", "interactive jobs: not supported"),
         ("#PBS -t 1-3 -J 1-3", "-J and -t both give an array"),
         ("#PBS -W depend=before:3", "unsupported dependency type 'before'"),
         ("#PBS -W depend=afterok", "names no job"),

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from minibatch.cli import render
+from minibatch.cli import noderender, render
 from minibatch.cli.acct import parse_acct_format, parse_since
 from minibatch.cli.qstat import matches, render_jobs, unmatched
 from minibatch.core.job import (
@@ -319,13 +319,12 @@ def node(**kw) -> NodeInfo:
 
 
 def test_node_states():
-    assert render.node_state(node()) == "free"
-    assert render.node_state(node(free_cpus=[1], jobs={7: [0]})) == "free"
-    assert (
-        render.node_state(node(free_cpus=[], jobs={7: [0], 8: [1]})) == "job-exclusive"
-    )
-    assert render.node_state(node(state="down")) == "down"
-    assert render.node_state(node(state="offline", jobs={7: [0]})) == "offline"
+    assert noderender.node_state(node()) == "free"
+    assert noderender.node_state(node(free_cpus=[1], jobs={7: [0]})) == "free"
+    full = node(free_cpus=[], jobs={7: [0], 8: [1]})
+    assert noderender.node_state(full) == "job-exclusive"
+    assert noderender.node_state(node(state="down")) == "down"
+    assert noderender.node_state(node(state="offline", jobs={7: [0]})) == "offline"
 
 
 def test_pbsnodes_full_block():
@@ -339,7 +338,7 @@ def test_pbsnodes_full_block():
         pid=99,
         comment="flaky fan",
     )
-    out = render.pbsnodes_full([node(), busy])
+    out = noderender.pbsnodes_full([node(), busy])
     first, second = out.split("\n\n")
     assert first.splitlines() == [
         "node0",
@@ -367,13 +366,21 @@ def test_pbsnodes_list_and_record():
         node(name="n1", state="offline", comment="repair"),
         node(name="n2", state="down"),
     ]
-    assert render.pbsnodes_list(nodes).splitlines() == [
+    assert noderender.pbsnodes_list(nodes).splitlines() == [
         "n1                   offline         repair",
         "n2                   down",
     ]
-    record = render.node_record(node(jobs={7: [0]}, free_cpus=[1], shared_cpus=[0]))
+    record = noderender.node_record(node(jobs={7: [0]}, free_cpus=[1], shared_cpus=[0]))
     assert json.loads(json.dumps(record)) == record
     assert record["state"] == "free"
     assert record["np"] == 2
     assert record["jobs"] == {"7": [0]}
     assert record["oversubscribed"] is True
+
+
+def test_qstat_f_shows_control_characters_escaped() -> None:
+    # A user's variables reach an operator's terminal: no escape sequence may.
+    j = job(submit_args="-v X=\x1b[2J -- true", env={"X": "\x1b]0;owned\x07"})
+    out = render.qstat_full([j], now=1.0)
+    assert "\x1b" not in out and "\x07" not in out
+    assert "submit_args = -v X=\\x1b[2J -- true" in out

@@ -70,7 +70,7 @@ def test_every_transition_is_recorded_with_its_detail(server_state: ServerState)
         ("submitted", ""),
         ("released", ""),
         ("eligible", "dependencies satisfied"),
-        ("started", "n0/[0]"),
+        ("started", "n0/0"),
         ("exiting", "cancelled by qdel (alice)"),
         ("finished", "cancelled"),
     ]
@@ -298,4 +298,4 @@ def test_a_job_on_two_nodes_records_both(server_state: ServerState):
         ME,
     )
     assert server_state.start(job.id, ("n0", "n1")) is None
-    assert events(server_state, job)[-1] == ("started", "n0/[0] n1/[2]")
+    assert events(server_state, job)[-1] == ("started", "n0/0 n1/2")
