@@ -180,8 +180,16 @@ def up(
         # A cluster with a daemon or a kept job still running keeps the layout it
         # started with: a kept job is re-adopted by the node of the same name.
         alive = probe.running(paths) or stopping.kept_jobs(paths)
-        running = probe.load_layout(paths) if alive else None
-        layout = layout_for_up(config, nodes, cpus_per_node, oversubscribe, running)
+        last = probe.load_layout(paths)
+        running = last if alive else None
+        layout = layout_for_up(
+            config, nodes, cpus_per_node, oversubscribe, running, last
+        )
+        if running is None and layout == last:
+            typer.echo(
+                "the layout of the last mb up (mb down, then mb up --nodes N "
+                "--cpus-per-node C, for another)"
+            )
         report = lifecycle.up(paths, config, layout, wait=wait)
         for name in report.started:
             typer.echo(f"started {name} (pid {report.pids[name]})")

@@ -357,16 +357,23 @@ def layout_for_up(
     cpus_per_node: int | None,
     oversubscribe: bool,
     running: list[NodeLayout] | None,
+    last: list[NodeLayout] | None = None,
 ) -> list[NodeLayout]:
     """The layout ``mb up`` starts: a running cluster's own (``running``, the
     layout it was started with) so that only what is missing starts again, with
-    the CPUs it had; else :func:`choose_layout`.
+    the CPUs it had; a stopped cluster started again without flags (and without
+    ``[[nodes]]`` in the config), the one it last ran with (``last``), while this
+    machine still has its cores: the jobs it queued were admitted for those
+    nodes, and would wait for ever for a node that never comes back; else
+    :func:`choose_layout`.
 
     Raises:
         InvalidArgument: flags asking for another layout than the running one.
     """
     flags = nodes is not None or cpus_per_node is not None or oversubscribe
     if running is None:
+        if not flags and not config.nodes and last and _cores_here(last):
+            return last
         return choose_layout(config, nodes, cpus_per_node, oversubscribe)
     if flags and choose_layout(config, nodes, cpus_per_node, oversubscribe) != running:
         shape = ", ".join(
@@ -404,3 +411,9 @@ def choose_layout(
     if config.nodes:
         return from_config(config, cpus, physical_mem_kb())
     return plan_nodes(1, len(cpus), cpus, share, physical_mem_kb())
+
+
+def _cores_here(layout: list[NodeLayout]) -> bool:
+    """Whether every core ``layout`` runs on may be used by this process."""
+    usable = set(usable_cpus())
+    return all(set(n.real_cpus or n.cpus) <= usable for n in layout)

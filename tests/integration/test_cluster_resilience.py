@@ -460,3 +460,19 @@ def test_mb_down_keeps_the_queue_and_requeues_rerunnable_jobs(
         assert c.wait_state(job, "finished", timeout=30)["result"] == "completed"
     events = c.run("tracejob", rerun).stdout
     assert "requeued" in events
+
+
+@pytest.mark.timeout(90)
+def test_mb_up_after_mb_down_brings_the_same_nodes_back(
+    cluster: ClusterFactory,
+) -> None:
+    c = cluster(nodes=2, cpus_per_node=1)
+    layout = {n.name: n.cpus for n in c.layout}
+    jid = c.qsub("-h", "-l", "nodes=2:ppn=1", "--", "true")  # needs both nodes
+    c.down()
+    proc = c.run("mb", "up", timeout=60)
+    assert "the layout of the last mb up" in proc.stdout, proc.stdout
+    for name, cpus in layout.items():
+        assert f"  {name}: CPUs {cpus}" in proc.stdout, proc.stdout
+    c.run("qrls", jid)
+    c.wait_state(jid, "completed", timeout=30)

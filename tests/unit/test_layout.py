@@ -505,3 +505,14 @@ def test_a_running_cluster_keeps_its_layout() -> None:
         L.layout_for_up(Config(), 1, None, False, running)
     fresh = L.layout_for_up(Config(), 1, 1, False, None)
     assert [n.name for n in fresh] == ["node0"]
+
+
+def test_a_stopped_cluster_comes_back_with_the_layout_it_last_had() -> None:
+    cpus = L.usable_cpus()
+    last = plan_nodes(2, 4, cpus, oversubscribe=True, mem_total_kb=None)
+    assert L.layout_for_up(Config(), None, None, False, None, last) == last
+    # Flags, or nodes in the config, say what to start instead.
+    other = L.layout_for_up(Config(), 1, 1, False, None, last)
+    assert [len(n.cpus) for n in other] == [1]
+    gone = [NodeLayout(name="node0", cpus=[max(cpus) + 1])]  # a core this box lacks
+    assert L.layout_for_up(Config(), None, None, False, None, gone) != gone
