@@ -185,7 +185,7 @@ def up(
         layout = layout_for_up(
             config, nodes, cpus_per_node, oversubscribe, running, last
         )
-        if running is None and layout == last:
+        if running is None and layout is last:  # reused, not merely the same
             typer.echo(
                 "the layout of the last mb up (mb down, then mb up --nodes N "
                 "--cpus-per-node C, for another)"

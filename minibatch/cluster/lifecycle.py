@@ -8,13 +8,14 @@ to ``log/<name>.log``) with a pid file ``run/<name>.pid``, trusted as
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -211,6 +212,36 @@ def up(
         paths.make()
     except OSError as exc:
         raise MinibatchError(f"cannot make the cluster's home: {exc}") from None
+    with _one_at_a_time(paths, wait + 30):
+        return _up(paths, config, layout, wait)
+
+
+@contextlib.contextmanager
+def _one_at_a_time(paths: Paths, patience: float) -> Iterator[None]:
+    """Hold the cluster's start lock: two ``mb up`` at once would each start
+    daemons the other starts too, see them fail, and stop everything."""
+    fd = os.open(paths.run / "up.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise Unavailable(
+                        "another mb up of this cluster is still starting it; "
+                        "try again when it is done"
+                    ) from None
+                time.sleep(0.05)
+        yield  # the lock goes with the descriptor
+    finally:
+        os.close(fd)
+
+
+def _up(
+    paths: Paths, config: Config, layout: list[NodeLayout], wait: float
+) -> UpReport:
     _write_atomic(paths.run / "layout.json", layouts.encode(layout).decode() + "\n")
     run = _Starter(paths, config, wait)
     run.report.layout = list(layout)

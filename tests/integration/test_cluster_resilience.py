@@ -476,3 +476,24 @@ def test_mb_up_after_mb_down_brings_the_same_nodes_back(
         assert f"  {name}: CPUs {cpus}" in proc.stdout, proc.stdout
     c.run("qrls", jid)
     c.wait_state(jid, "completed", timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_two_mb_up_at_once_start_one_cluster(cluster: ClusterFactory) -> None:
+    c = cluster(nodes=1, cpus_per_node=1)
+    c.down()
+    ups = [
+        subprocess.Popen(
+            [str(BIN / "mb"), "up"],
+            env=c.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=90) for p in ups]
+    assert [p.returncode for p in ups] == [0, 0], outs
+    started = [out for out, _ in outs if "started node-node0" in out]
+    assert len(started) == 1, outs  # the other found it running
+    assert c.qsub("--", "true") and c.pids().keys() >= {"server", "node-node0"}
