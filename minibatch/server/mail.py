@@ -74,15 +74,27 @@ class Mailer:
         self.path = path or next(found, None)
         self._children: list[subprocess.Popen[bytes]] = []
 
-    def send(self, msg: EmailMessage) -> None:
+    def send_all(self, letters: list[tuple[Job, str]], host: str) -> None:
+        """Mail each (job, letter), as many as fit beside the sendmails still
+        running; the rest are dropped with one warning. Built only when sent:
+        a qdel of a 20,000-task array that asked for abort mail would build
+        20,000 messages (~0.4 ms each) in the server's loop."""
         self._children = [c for c in self._children if c.poll() is None]
-        if self.path is None:
+        if self.path is None or not letters:
             return
-        if len(self._children) >= _MAX_PENDING:
+        room = max(0, _MAX_PENDING - len(self._children))
+        for job, letter in letters[:room]:
+            self._send(message(job, letter, host))
+        if len(letters) > room:
             log.warning(
-                "mail dropped (%d sendmails pending): %s", _MAX_PENDING, msg["Subject"]
+                "%d mail(s) dropped (%d sendmails pending), the first for job %s",
+                len(letters) - room,
+                _MAX_PENDING,
+                letters[room][0].display_id,
             )
-            return
+
+    def _send(self, msg: EmailMessage) -> None:
+        assert self.path is not None
         try:
             child = subprocess.Popen(
                 [self.path, "-t", "-oi"],

@@ -176,8 +176,7 @@ class Server:
         for topic, payload in state.events:
             self.publisher.publish(topic, payload, retain=is_state(topic))
         state.events.clear()
-        for job, letter in state.mail:
-            self.mailer.send(mail.message(job, letter, self.host))
+        self.mailer.send_all(state.mail, self.host)
         state.mail.clear()
         self._wake_scheduler()
         self._arm_boundary()

@@ -186,3 +186,20 @@ def test_a_failed_write_is_logged_not_raised(
     blocker.write_text("a file where the directory should be")
     AccountingFile(blocker).write([Record("20250101", "a")])
     assert "records lost" in caplog.text
+
+
+def test_mail_is_built_only_when_sent(monkeypatch: pytest.MonkeyPatch, caplog):
+    # A qdel of a big array that asked for abort mail: no sendmail, no work;
+    # more than may run at once, one warning for the rest.
+    from minibatch.server import mail
+
+    built: list[str] = []
+    monkeypatch.setattr(mail, "message", lambda job, letter, host: built.append(letter))
+    mailer = mail.Mailer()
+    mailer.path = None
+    mailer.send_all([(a_job(), "a")] * 1000, "h")
+    assert built == []
+    mailer.path = "/nonexistent/sendmail"
+    mailer.send_all([(a_job(), "a")] * 1000, "h")
+    assert len(built) == 64
+    assert sum("936 mail(s) dropped" in r.message for r in caplog.records) == 1
