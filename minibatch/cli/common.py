@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from minibatch.core.job import MAX_NAME
 from minibatch.errors import InvalidArgument, MinibatchError, Unavailable
 
 if TYPE_CHECKING:
@@ -67,9 +68,14 @@ def positive_int(text: str, what: str) -> int:
 
 
 def check_name(name: str) -> str:
-    """A job name: it becomes part of file names (NAME.oID), so no blanks or '/'."""
+    """A job name: it becomes part of file names (NAME.oID), so no blanks or
+    '/', and not so long that NAME.oID is longer than a file name may be."""
     if not name or any(c.isspace() or c == "/" for c in name):
         raise InvalidArgument(f"invalid job name {name!r} (no spaces or '/')")
+    if len(name) > MAX_NAME:
+        raise InvalidArgument(
+            f"job name too long ({len(name)} characters, at most {MAX_NAME})"
+        )
     return name
 
 

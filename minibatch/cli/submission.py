@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from minibatch.cli.directives import QUEUE, SubmitOptions
-from minibatch.core.job import JobOptions, JobRequest, JobSpec
+from minibatch.core.job import MAX_NAME, JobOptions, JobRequest, JobSpec
 from minibatch.core.resize import check_range
 from minibatch.errors import InvalidArgument
 
@@ -261,7 +261,7 @@ def build_spec(
     if opts.slurm and stderr is None:
         stderr = stdout  # one file for both, joined or not
     spec = JobSpec(
-        name=opts.name or default_name,
+        name=opts.name or default_name[:MAX_NAME],
         workdir=workdir,
         request=to_request(opts),
         script=script,

@@ -34,6 +34,9 @@ class JobResult(StrEnum):
     NODE_FAIL = "node_fail"
 
 
+#: The longest job name (PBS Pro's): NAME.oID must stay a legal file name.
+MAX_NAME: Final = 236
+
 PENDING_STATES: Final = frozenset({JobState.QUEUED, JobState.HELD, JobState.WAITING})
 ACTIVE_STATES: Final = frozenset({JobState.RUNNING, JobState.EXITING})
 

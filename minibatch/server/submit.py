@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minibatch.core.job import Job, JobSpec, JobState
+from minibatch.core.job import MAX_NAME, Job, JobSpec, JobState
 from minibatch.core.resize import check_range
 from minibatch.errors import InvalidArgument, PermissionDenied
 from minibatch.protocol.fields import check_spec_text, shown
@@ -136,7 +136,7 @@ def check_spec(spec: JobSpec) -> None:
     if req.mem_kb is not None and req.mem_kb <= 0:
         raise InvalidArgument("mem must be positive")
     check_range(req.malleable, req.ppn, req.nodes)
-    if not spec.name or "/" in spec.name or len(spec.name) > 256:
+    if not spec.name or "/" in spec.name or len(spec.name) > MAX_NAME:
         raise InvalidArgument(f"invalid job name {shown(spec.name)}")
     if (spec.script is None) == (spec.argv is None):
         raise InvalidArgument("a job needs exactly one of a script or a command")

@@ -127,6 +127,7 @@ def test_ncpus_select_and_host_paths():
         ("#PBS -v 1X=2", "malformed variable"),
         ("#PBS -q 'a b'", "invalid queue"),
         ("#PBS -N 'a b'", "invalid job name"),
+        ("#PBS -N " + "n" * 237, "job name too long (237 characters, at most 236)"),
         ("#PBS -N", "option -N needs a value"),
         ("#PBS extra", "unexpected argument 'extra'"),
         ("#PBS -N 'open", "No closing quotation"),
