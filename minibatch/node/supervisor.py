@@ -258,8 +258,11 @@ class Supervisor:
         # memory included); RSS sums count shared library pages once per process.
         run.maxrss_kb = cg.peak_kb() or run.maxrss_kb
         if run.kill_reason is None and cg.oom_kills() > run.oom_seen:
+            # The kill ended the job before a sample saw it: say so in its
+            # error file as when a sample does.
             run.kill_reason = JobResult.OUT_OF_MEMORY
             run.comment = self._oom_comment(run)
+            self._tell(run)
         # Only a job whose cgroup still holds shared memory left files there:
         # the scan cannot tell the job's files from other processes' of its
         # user, so it runs only when there is something of the job's to find.

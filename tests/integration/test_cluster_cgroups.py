@@ -86,6 +86,9 @@ def test_memory_limit_is_hard_and_counts_shm_and_memfd(
         assert "the kernel killed" in record["comment"], (kind, record)
         # The cgroup's own peak: never past the limit, unlike a sampled one.
         assert 0 < record["maxrss_kb"] <= limit_kb, (kind, record)
+        # Where its user looks, as Torque's mom writes it.
+        err = (c.work / f"{kind}.sh.e{jid}").read_text()
+        assert "=>> PBS: job killed: memory limit" in err, (kind, err)
     # What the shm job wrote was removed when it ended.
     assert not list(Path("/dev/shm").glob(f"mb-test-{ids['shm']}*"))
 
