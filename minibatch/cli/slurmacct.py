@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Annotated
 
 from minibatch.cli import acct, common, render, slurmfmt
-from minibatch.cli.optvalues import relative_time
+from minibatch.cli.optvalues import parse_slurm_begin, relative_time
 from minibatch.cli.slurmcmds import (
     HELP_SETTINGS,
     current_user,
@@ -34,6 +34,7 @@ from minibatch.cli.slurmcmds import (
     resolve,
     user_names,
 )
+from minibatch.errors import InvalidArgument
 
 if TYPE_CHECKING:
     import typer
@@ -69,7 +70,18 @@ def parse_time(text: str, now: float) -> float:
     if _CLOCK.match(value):
         today = datetime.fromtimestamp(now).strftime("%Y-%m-%d")
         return acct.parse_since(f"{today}T{value}", now)
-    return acct.parse_since(text, now)
+    try:
+        return acct.parse_since(text, now)
+    except InvalidArgument:
+        # today, midnight, MM/DD[/YY]...: Slurm reads sacct's times with the
+        # parser of sbatch --begin.
+        try:
+            return parse_slurm_begin(text, now)
+        except InvalidArgument:
+            raise InvalidArgument(
+                f"malformed time {text!r} (expected e.g. YYYY-MM-DD[THH:MM[:SS]], "
+                "HH:MM, MM/DD, today, now-2hours)"
+            ) from None
 
 
 def midnight(now: float) -> float:

@@ -476,5 +476,8 @@ def test_sacct_times():
     assert parse_time("08:15", now) == time.mktime((2026, 5, 4, 8, 15, 0, 0, 0, -1))
     assert parse_time("2026-05-01", now) == time.mktime((2026, 5, 1, 0, 0, 0, 0, 0, -1))
     assert parse_time("1h", now) == now - 3600
-    with pytest.raises(InvalidArgument):
+    # sbatch --begin's words and dates, as Slurm reads sacct's times.
+    assert parse_time("today", now) == time.mktime((2026, 5, 4, 0, 0, 0, 0, 0, -1))
+    assert parse_time("05/01", now) == time.mktime((2026, 5, 1, 0, 0, 0, 0, 0, -1))
+    with pytest.raises(InvalidArgument, match="malformed time 'yesterday'"):
         parse_time("yesterday", now)
