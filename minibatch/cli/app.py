@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "acct": ("minibatch.cli.acct:acct_command", "CONTEXT_SETTINGS"),
     "backup": ("minibatch.cli.backup:backup_command", ""),
     "squeue": ("minibatch.cli.slurmcmds:squeue_command", "CONTEXT_SETTINGS"),
+    "sinfo": ("minibatch.cli.sinfo:sinfo_command", "CONTEXT_SETTINGS"),
     "scancel": ("minibatch.cli.slurmcmds:scancel_command", "HELP_SETTINGS"),
     "sacct": ("minibatch.cli.slurmacct:sacct_command", "HELP_SETTINGS"),
     "scontrol": ("minibatch.cli.slurmctl:scontrol_command", "CONTEXT_SETTINGS"),
@@ -89,7 +90,7 @@ GROUPS: dict[str, str] = {
 #: console scripts are (:func:`common.run_and_exit`).
 QUICK = frozenset({
     "qstat", "qdel", "qhold", "qrls", "qalter", "qselect", "qsig", "qrerun", "qmove",
-    "tracejob", "pbsnodes", "acct", "squeue", "scancel", "sacct", "scontrol",
+    "tracejob", "pbsnodes", "acct", "squeue", "sinfo", "scancel", "sacct", "scontrol",
     "showq", "showstart", "showbf", "setres", "showres", "releaseres", "checkjob",
     "diagnose", "status",
 })

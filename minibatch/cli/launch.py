@@ -36,6 +36,7 @@ SCRIPTS = {
     "tracejob": "minibatch.cli.pbsctl:tracejob_main",
     "pbsnodes": "minibatch.cli.pbsnodes:main",
     "squeue": "minibatch.cli.slurmcmds:squeue_main",
+    "sinfo": "minibatch.cli.sinfo:main",
     "scancel": "minibatch.cli.slurmcmds:scancel_main",
     "sacct": "minibatch.cli.slurmacct:main",
     "scontrol": "minibatch.cli.slurmctl:main",

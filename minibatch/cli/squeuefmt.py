@@ -8,7 +8,7 @@ without is printed as it is. ``-O`` fields are 20 wide unless given.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from minibatch.cli import render
@@ -174,9 +174,13 @@ Item = str | Field
 _SPEC = re.compile(r"%(\.)?(\d*)(.)|%$")
 
 
-def parse_format(spec: str) -> list[Item]:
+def parse_format(
+    spec: str, fields: Mapping[str, object] | None = None, what: str = "job"
+) -> list[Item]:
     """``-o``: ``%.18i %j`` -> literal text and fields (``.`` right-justifies,
-    a number is the width; values longer than it are cut)."""
+    a number is the width; values longer than it are cut). ``fields``: the
+    letters known (squeue's unless given; sinfo has its own)."""
+    known = FIELDS if fields is None else fields
     items: list[Item] = []
     pos = 0
     for m in _SPEC.finditer(spec):
@@ -187,8 +191,8 @@ def parse_format(spec: str) -> list[Item]:
         if letter == "%":
             items.append("%")
             continue
-        if letter is None or letter not in FIELDS:
-            raise InvalidArgument(f"Invalid job format specification: {m.group(0)}")
+        if letter is None or letter not in known:
+            raise InvalidArgument(f"Invalid {what} format specification: {m.group(0)}")
         width = int(m.group(2)) if m.group(2) else None
         items.append(Field(letter, width, bool(m.group(1))))
     if pos < len(spec):
@@ -221,7 +225,7 @@ def _cell(text: str, field: Field) -> str:
     return padded + field.suffix
 
 
-def _line(items: Sequence[Item], value: Callable[[Field], str]) -> str:
+def format_line(items: Sequence[Item], value: Callable[[Field], str]) -> str:
     return "".join(
         item if isinstance(item, str) else _cell(value(item), item) for item in items
     )
@@ -231,10 +235,10 @@ def render_rows(
     lines: Sequence[Row], items: Sequence[Item], now: float, header: bool = True
 ) -> str:
     """The table: a header of the fields' names, then a line per row."""
-    out = [_line(items, lambda f: FIELDS[f.letter][0])] if header else []
+    out = [format_line(items, lambda f: FIELDS[f.letter][0])] if header else []
     out += [_row_line(items, row, now) for row in lines]
     return "".join(line + "\n" for line in out)
 
 
 def _row_line(items: Sequence[Item], row: Row, now: float) -> str:
-    return _line(items, lambda f: FIELDS[f.letter][1](row, now))
+    return format_line(items, lambda f: FIELDS[f.letter][1](row, now))

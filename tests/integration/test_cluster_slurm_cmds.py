@@ -246,3 +246,31 @@ def test_scontrol_shows_and_controls_jobs(cluster: ClusterFactory) -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("scontrol: error: 'update' is not supported here")
     assert "show job" in proc.stderr and "requeue" in proc.stderr
+
+
+@pytest.mark.timeout(90)
+def test_sinfo_shows_the_nodes_as_the_server_sees_them(cluster: ClusterFactory) -> None:
+    c = cluster(nodes=2, cpus_per_node=1)
+    gate = c.work / "go"
+    jid = sbatch(c, "--wrap", f"while [ ! -e {gate} ]; do sleep 0.1; done")
+    c.wait_state(jid, "running")
+    node = c.job(jid)["node"]
+    other = ({"node0", "node1"} - {node}).pop()
+    lines = c.run("sinfo").stdout.splitlines()
+    assert lines[0] == "PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST"
+    assert f"batch*       up   infinite      1   idle {other}" in lines, lines
+    assert f"batch*       up   infinite      1  alloc {node}" in lines, lines
+    c.run("pbsnodes", "-o", "-N", "maintenance", other)
+    # What scripts ask (sinfo -h -o %N...), in Slurm's letters.
+    assert c.run("sinfo", "-h", "-t", "drain", "-o", "%N").stdout == f"{other}\n"
+    summary = c.run("sinfo", "-o", "%P|%.5a|%C|%F|%E").stdout.splitlines()
+    assert summary[0] == "PARTITION|AVAIL|CPUS(A/I/O/T)|NODES(A/I/O/T)|REASON"
+    assert "batch*|   up|1/0/0/1|1/0/0/1|none" in summary, summary
+    assert "batch*|   up|0/0/1/1|0/0/1/1|maintenance" in summary, summary
+    bad = c.run("sinfo", "-o", "%Q", check=False)
+    assert "Invalid node format specification: %Q" in bad.stderr, bad.stderr
+    reasons = c.run("sinfo", "-R").stdout.splitlines()
+    assert reasons[1].startswith("maintenance") and reasons[1].endswith(other)
+    assert c.run("sinfo", "-p", "nosuch", check=False).returncode == 2
+    gate.touch()
+    c.wait_state(jid, "completed")

@@ -481,3 +481,58 @@ def test_sacct_times():
     assert parse_time("05/01", now) == time.mktime((2026, 5, 1, 0, 0, 0, 0, 0, -1))
     with pytest.raises(InvalidArgument, match="malformed time 'yesterday'"):
         parse_time("yesterday", now)
+
+
+def test_sinfo_layouts_are_slurms() -> None:
+    from minibatch.cli import sinfo
+    from minibatch.protocol.messages import NodeInfo, QueueInfo
+
+    def node(name: str, state: str = "free", jobs=None, free=(0, 1)) -> NodeInfo:
+        return NodeInfo(
+            name=name,
+            state=state,
+            cpus=[0, 1],
+            free_cpus=list(free),
+            mem_kb=4 << 20,
+            jobs=jobs or {},
+        )
+
+    nodes = [
+        node("node0"),
+        node("node1", jobs={7: [0]}, free=[1]),
+        node("node2", jobs={8: [0, 1]}, free=[]),
+        node("node3"),
+        node("node4", state="down"),
+        node("node5", state="offline"),
+    ]
+    batch = QueueInfo(
+        name="batch", priority=0, enabled=True, started=True, default=True
+    )
+    short = QueueInfo(
+        name="short", priority=0, enabled=True, started=False, max_walltime=3600
+    )
+    assert sinfo.render([batch, short], nodes).splitlines() == [
+        "PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST",
+        "batch*       up   infinite      2   idle node[0,3]",
+        "batch*       up   infinite      1    mix node1",
+        "batch*       up   infinite      1  alloc node2",
+        "batch*       up   infinite      1  down* node4",
+        "batch*       up   infinite      1  drain node5",
+        "short     inact    1:00:00      2   idle node[0,3]",
+        "short     inact    1:00:00      1    mix node1",
+        "short     inact    1:00:00      1  alloc node2",
+        "short     inact    1:00:00      1  down* node4",
+        "short     inact    1:00:00      1  drain node5",
+    ]
+    assert sinfo.render([batch], nodes, summarize=True).splitlines()[1] == (
+        "batch*       up   infinite          2/2/2/6 node[0-5]"
+    )
+    assert sinfo.render([batch], nodes[:2], node_oriented=True).splitlines() == [
+        "NODELIST  NODES PARTITION STATE",
+        "node0         1 batch*    idle",
+        "node1         1 batch*    mix",
+    ]
+    assert sinfo.reasons(nodes).splitlines()[1:] == [
+        "Not responding       root      Unknown             node4",
+        "none                 root      Unknown             node5",
+    ]
