@@ -94,14 +94,54 @@ def _control(prog: str, action: str, job_ids: list[str], tasks: str | None) -> N
 
 def qdel_command(
     job_ids: Annotated[
-        list[str], typer.Argument(metavar="ID", help=IDS_HELP, show_default=False)
+        list[str],
+        typer.Argument(
+            metavar="ID",
+            help=IDS_HELP + " all: every job of yours.",
+            show_default=False,
+        ),
     ],
     tasks: Annotated[
         str | None, typer.Option("-t", help=TASKS_HELP, show_default=False)
     ] = None,
+    purge: Annotated[
+        bool, typer.Option("-p", help="Purge (as qdel does: see -W force).")
+    ] = False,
+    extend: Annotated[
+        str | None,
+        typer.Option(
+            "-W", help="force or suppress_email=N (PBS Pro).", show_default=False
+        ),
+    ] = None,
 ) -> None:
-    """Cancel jobs: pending ones are removed, running ones are killed."""
+    """Cancel jobs: pending ones are removed, running ones are killed; a job
+    whose node is down ends at once (what -p and -W force ask for)."""
+    if (
+        extend is not None
+        and extend != "force"
+        and not extend.startswith("suppress_email=")
+    ):
+        common.fail("qdel", f"-W {extend}: only force and suppress_email=N", 2)
+    if any(i in ("all", "ALL") for i in job_ids):
+        job_ids = [i for i in job_ids if i not in ("all", "ALL")] + _all_jobs()
+        if not job_ids:
+            return  # nothing of the caller's to delete: Torque is silent too
     _control("qdel", "cancel", job_ids, tasks)
+
+
+def _all_jobs() -> list[str]:
+    """``qdel all``: the caller's pending and running jobs (root's: all), each
+    array once."""
+    import os
+
+    from minibatch.cli.submission import login_name
+    from minibatch.protocol.messages import QueryJobs
+
+    user = None if os.geteuid() == 0 else login_name()
+    with common.reporting("qdel"):
+        jobs = common.call(QueryJobs(user=user)).jobs
+    ids = [f"{j.array_id}[]" if j.array_id is not None else str(j.id) for j in jobs]
+    return list(dict.fromkeys(ids))
 
 
 def qhold_command(

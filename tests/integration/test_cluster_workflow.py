@@ -293,3 +293,16 @@ def test_a_script_whose_interpreter_is_missing_says_which(
     assert why in record["comment"], record
     # Where the user looks first, as slurmstepd writes it there.
     assert why in (c.work / f"gsi.e{jid}").read_text()
+
+
+def test_qdel_all_cancels_every_job_of_the_caller(cluster: ClusterFactory) -> None:
+    c = cluster(nodes=1, cpus_per_node=1)
+    held = [c.qsub("-h", "--", "true") for _ in range(2)]
+    array = c.qsub("-h", "-t", "1-3", "--", "true")
+    c.run("qdel", "-W", "force", "all")
+    for jid in held:
+        assert c.wait_state(jid, "finished")["result"] == "cancelled"
+    assert c.run("qstat").stdout == "", array  # the array's tasks too
+    assert c.run("qdel", "all").returncode == 0  # nothing left: silent
+    bad = c.run("qdel", "-W", "30", "all", check=False)
+    assert bad.returncode == 2 and "only force and suppress_email" in bad.stderr
