@@ -67,11 +67,14 @@ def positive_int(text: str, what: str) -> int:
     return int(value)
 
 
-def check_name(name: str) -> str:
+def check_name(name: str, spaces: bool = False) -> str:
     """A job name: it becomes part of file names (NAME.oID), so no blanks or
-    '/', and not so long that NAME.oID is longer than a file name may be."""
-    if not name or any(c.isspace() or c == "/" for c in name):
-        raise InvalidArgument(f"invalid job name {name!r} (no spaces or '/')")
+    '/' (``spaces``: but spaces, as Slurm takes them), and not so long that
+    NAME.oID is longer than a file name may be."""
+    blank = (lambda c: c.isspace() and c != " ") if spaces else str.isspace
+    if not name.strip() or any(blank(c) or c == "/" for c in name):
+        what = "other blanks" if spaces else "spaces"
+        raise InvalidArgument(f"invalid job name {name!r} (no {what} or '/')")
     if len(name) > MAX_NAME:
         raise InvalidArgument(
             f"job name too long ({len(name)} characters, at most {MAX_NAME})"

@@ -290,7 +290,7 @@ def _apply(opts: SubmitOptions, name: str, value: str, ctx: Context) -> None:  #
     if name in _RECORDED:
         opts.record(f"--{name}", value, f"no effect: {_RECORDED[name][2]}")
     elif name == "job-name":
-        opts.name = check_name(value)
+        opts.name = check_name(value, spaces=True)
     elif name == "output":
         opts.stdout_path = value
     elif name == "error":

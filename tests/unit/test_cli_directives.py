@@ -170,6 +170,12 @@ def test_sbatch_long_and_short_forms():
     assert opts.hold and opts.slurm
 
 
+def test_a_slurm_job_name_may_hold_spaces():
+    assert directives('#SBATCH --job-name="my job"\n').name == "my job"
+    with pytest.raises(InvalidArgument, match="no other blanks"):
+        directives("#SBATCH --job-name='a\tb'\n")
+
+
 def test_sbatch_attached_short_values_and_nodes():
     opts = directives("#SBATCH -Jx -N2 -n8\n")
     assert opts.name == "x"
