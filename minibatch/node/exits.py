@@ -6,10 +6,12 @@ its wait status goes to whoever inherited it (init), and the daemon alone could
 only say "ended, exit status unknown". The kernel's process connector (netlink,
 ``NETLINK_CONNECTOR``/``CN_IDX_PROC``, the interface of ``forkstat`` and of
 systemd's and Slurm's process trackers) announces every process's exit with
-its wait status. A daemon that may listen (root, in the host's network
-namespace) does so from before it reads the records (so no exit falls between
-its look at a job and the subscription) until its last re-adopted job ended,
-and hands each re-adopted top process's status to the supervisor.
+its wait status. A daemon that may listen (root; in a container, only in the
+host's pid and user namespaces, elsewhere the kernel sends nothing) does so
+from before it looks at the re-adopted jobs' processes (so no exit falls between
+that look and the subscription) until its last re-adopted job ended, and hands
+each re-adopted top process's status to the supervisor. It hears every process
+of the machine meanwhile (~16 us of Python per event).
 
 Elsewhere (an unprivileged daemon, or a lost event when the socket's buffer
 overflowed) the status stays unknown, as before.
@@ -74,7 +76,6 @@ class ExitWatch:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._pids: set[int] = set()
-        self._seen: dict[int, int] = {}
         #: Events were lost (the buffer overflowed): a status not seen may be one.
         self.lossy = False
 
@@ -114,14 +115,20 @@ class ExitWatch:
     def watch(self, pid: int) -> None:
         self._pids.add(pid)
 
-    def drain(self, on_exit: Callable[[int, int], None] | None = None) -> None:
-        """Read what arrived; a watched pid's status is kept for :meth:`status`
-        and passed to ``on_exit``."""
+    @property
+    def watched(self) -> frozenset[int]:
+        """The pids whose exit has not been seen yet."""
+        return frozenset(self._pids)
+
+    def drain(self, on_exit: Callable[[int, int], None]) -> None:
+        """Read what arrived; pass each watched pid's wait status to
+        ``on_exit``, once everything was read (``on_exit`` may close this)."""
+        seen: list[tuple[int, int]] = []
         while True:
             try:
                 data = self._sock.recv(65536)
             except BlockingIOError:
-                return
+                break
             except OSError as exc:
                 if exc.errno != errno.ENOBUFS:
                     raise
@@ -132,13 +139,9 @@ class ExitWatch:
             for pid, status in parse(data):
                 if pid in self._pids:
                     self._pids.discard(pid)
-                    self._seen[pid] = status
-                    if on_exit is not None:
-                        on_exit(pid, status)
-
-    def status(self, pid: int) -> int | None:
-        """The wait status of ``pid`` once it exited, if the event was seen."""
-        return self._seen.pop(pid, None)
+                    seen.append((pid, status))
+        for pid, status in seen:
+            on_exit(pid, status)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -31,6 +31,7 @@ import os
 import pwd
 import resource
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -121,18 +122,30 @@ def describe_os_error(exc: BaseException) -> str:
     return str(exc)
 
 
-def describe_exec_error(exc: BaseException, argv: list[str]) -> str:
+def describe_exec_error(
+    exc: BaseException, argv: list[str], workdir: str, ident: Identity
+) -> str:
     """Why ``argv`` could not start. A script whose ``#!`` names a missing
     interpreter fails with ENOENT on the script itself; say which program is
-    missing, as a shell says "bad interpreter"."""
-    if isinstance(exc, FileNotFoundError) and exc.filename == argv[0]:
-        with contextlib.suppress(OSError), open(argv[0], "rb") as script:
-            line = script.readline(256)
-            if line.startswith(b"#!"):
-                words = line[2:].split()
-                program = words[0].decode(errors="replace") if words else ""
-                if program and not os.path.exists(program):
-                    return f"{program}: bad interpreter: No such file or directory"
+    missing, as a shell says "bad interpreter". The script is the user's: read
+    as the user, only if it is a regular file, never waiting (it may have
+    become a FIFO since the exec failed)."""
+    if not (isinstance(exc, FileNotFoundError) and exc.filename == argv[0]):
+        return describe_os_error(exc)
+    line = b""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    with contextlib.suppress(OSError):
+        with effective_identity(ident):
+            fd = os.open(os.path.join(workdir, argv[0]), flags)
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                line = os.read(fd, 256).split(b"\n", 1)[0]
+        finally:
+            os.close(fd)
+    words = line[2:].split() if line.startswith(b"#!") else []
+    program = words[0].decode(errors="replace") if words else ""
+    if program and not os.path.exists(program):
+        return f"{program}: bad interpreter: No such file or directory"
     return describe_os_error(exc)
 
 
@@ -407,7 +420,7 @@ class Launcher:
                 umask=-1 if umask is None else umask,
             )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            why = describe_exec_error(exc, argv)
+            why = describe_exec_error(exc, argv, spec.workdir, ident)
             # In the job's own error file too, where its user looks first
             # (slurmstepd writes its execve error there).
             with contextlib.suppress(OSError):
@@ -472,7 +485,9 @@ class Launcher:
         out_path = workdir / spec.stdout_path.replace("%N", self.node)
         err_path = workdir / spec.stderr_path.replace("%N", self.node)
         mode = os.O_APPEND if spec.options.append else os.O_TRUNC
-        flags = os.O_WRONLY | os.O_CREAT | mode | os.O_CLOEXEC
+        # Opened without waiting (a FIFO with no reader would hold the daemon
+        # for ever: ENXIO instead), then made blocking again for the job.
+        flags = os.O_WRONLY | os.O_CREAT | mode | os.O_CLOEXEC | os.O_NONBLOCK
         # Created under the job's umask (the submitter's), not this daemon's:
         # a user whose umask is 077 gets output no one else can read.
         daemons = os.umask(0o077)
@@ -482,10 +497,12 @@ class Launcher:
                 if ident.switch and not os.access(workdir, os.X_OK, effective_ids=True):
                     raise PermissionError(13, "Permission denied", str(workdir))
                 out_fd = os.open(out_path, flags, 0o666)
+                os.set_blocking(out_fd, True)
                 if spec.join or err_path == out_path:
                     return out_fd, out_fd
                 try:
                     err_fd = os.open(err_path, flags, 0o666)
+                    os.set_blocking(err_fd, True)
                 except OSError:
                     os.close(out_fd)
                     raise

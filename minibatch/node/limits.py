@@ -94,7 +94,9 @@ def tell_job(run: Run, launcher: Launcher, line: str) -> None:
     try:
         ident = resolve_identity(spec, os.geteuid())
         with effective_identity(ident):
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # Never waiting: a job may have put a FIFO where its file was.
+            flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
+            fd = os.open(path, flags | os.O_CLOEXEC)
         try:
             os.write(fd, line.encode())
         finally:

@@ -45,9 +45,12 @@ class Run:
     start: float
     #: The job's cgroups, when the node uses them (:mod:`.cgroup`).
     cg: JobCgroup | None = None
-    #: Re-adopted: its processes are found by cgroup only, its exit status is
-    #: unknown (its top process was reaped by someone else).
+    #: Re-adopted: its processes are found by cgroup only, and its exit
+    #: status only from the kernel's process events (:mod:`.exits`).
     adopted: bool = False
+    #: Re-adopted, its top process gone and no exit event read yet: the end is
+    #: decided a tick later, by when the event has surely arrived.
+    exit_awaited: bool = False
     #: Kernel OOM kills in its cgroup already acted on.
     oom_seen: int = 0
     #: Wait status of the top process, once reaped.

@@ -407,6 +407,14 @@ class Supervisor:
                 run.status = status
                 self._settle(run)
 
+    def _may_yet_hear(self, run: Run) -> bool:
+        """Whether ``run``'s exit event may still come (its first tick without
+        its top process, events watched for it, none lost)."""
+        exits = self.exits
+        if exits is None or run.exit_awaited or exits.lossy:
+            return False
+        return run.pid in exits.watched
+
     def _stop_watching_exits(self) -> None:
         exits, self.exits = self.exits, None
         if exits is not None:
@@ -441,7 +449,16 @@ class Supervisor:
                 self._settle(run, table)
             elif run.adopted and all(p.pid != run.pid for p in live):
                 # Its top process exited (reaped by whoever inherited it): what
-                # is left goes, as for any job (see _settle).
+                # is left goes, as for any job (see _settle). Its exit event
+                # comes after it left /proc: wait a tick for it while one may.
+                self._exited()
+                if self._own.jobs.get(run.spec.job) is not run:
+                    continue
+                if run.status is not None:
+                    continue
+                if self._may_yet_hear(run):
+                    run.exit_awaited = True
+                    continue
                 if not live:
                     self._finish(run)
                 else:

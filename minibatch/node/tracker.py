@@ -135,7 +135,9 @@ class Tracker(Supervisor):
         # Listening from before the first look at a job's processes: an exit
         # cannot fall between that look and the subscription.
         exits = ExitWatch.open() if left and self.cgroups is not None else None
-        runs: list[Run] = []
+        # Only a top process still there is watched: a pid gone by now may be
+        # reused, and a guessed top (pid 0 recorded) may be a descendant.
+        watched: list[Run] = []
         for rec in left:
             cg = JobCgroup.at(rec.cgroup) if self.cgroups else None
             inside = cg.procs() if cg is not None else []
@@ -154,7 +156,8 @@ class Tracker(Supervisor):
                 self._own.add(run)
                 self._idle.clear()
                 self._arm_walltime(run, rec.limit or rec.spec.walltime)
-                runs.append(run)
+                if rec.pid and rec.pid in inside:
+                    watched.append(run)
                 adopted.append(rec.spec.job)
                 log.info("job %s: re-adopted (pid %d)", rec.spec.display_id, rec.pid)
                 continue
@@ -188,8 +191,8 @@ class Tracker(Supervisor):
                     rec.spec.job, JobResult.NODE_FAIL, why, rec.spec.reruns, True
                 )
             )
-        if exits is not None and runs:
-            self._watch_exits(exits, runs)
+        if exits is not None and watched:
+            self._watch_exits(exits, watched)
         elif exits is not None:
             exits.close()
         return adopted, killed

@@ -6,6 +6,7 @@ and "nothing changed" means ``qstat -x --json`` prints the same before and after
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -306,3 +307,15 @@ def test_qdel_all_cancels_every_job_of_the_caller(cluster: ClusterFactory) -> No
     assert c.run("qdel", "all").returncode == 0  # nothing left: silent
     bad = c.run("qdel", "-W", "30", "all", check=False)
     assert bad.returncode == 2 and "only force and suppress_email" in bad.stderr
+
+
+def test_a_fifo_for_output_fails_the_job_not_the_node(cluster: ClusterFactory) -> None:
+    # Nobody reads it: opening it would wait for ever, and with it the node.
+    c = cluster(nodes=1, cpus_per_node=1)
+    fifo = c.work / "out.fifo"
+    os.mkfifo(fifo)
+    jid = c.qsub("-o", str(fifo), "-j", "oe", "--", "true")
+    record = c.wait_state(jid, "failed")
+    assert "No such device or address" in record["comment"], record
+    after = c.qsub("--", "true")
+    c.wait_state(after, "completed")

@@ -19,6 +19,7 @@ from minibatch.node import exits, procfs, records
 from minibatch.node.launcher import (
     Identity,
     LaunchError,
+    describe_exec_error,
     job_environment,
     nodefile_lines,
     resolve_identity,
@@ -220,9 +221,36 @@ def test_process_events_give_the_wait_status_of_a_process_not_ours() -> None:
             select.select([watch], [], [], 0.5)
             watch.drain(lambda pid, status: seen.append((pid, status)))
         assert seen == [(orphan, 5 << 8)]
-        assert watch.status(orphan) == 5 << 8 and watch.status(orphan) is None
     finally:
         watch.close()
+
+
+def test_an_exit_watch_may_be_closed_by_what_it_reports() -> None:
+    # The last re-adopted job's end closes the watch from inside drain().
+    watch = exits.ExitWatch.open()
+    assert watch is not None
+    pids = []
+    for _ in range(2):
+        out = subprocess.run(
+            ["/bin/sh", "-c", "(exit 1) & echo $!"], capture_output=True, text=True
+        )
+        pids.append(int(out.stdout))
+    for pid in pids:
+        watch.watch(pid)
+    seen: list[int] = []
+
+    def ended(pid: int, status: int) -> None:
+        seen.append(pid)
+        if len(seen) == 1:
+            watch.close()
+
+    for pid in pids:  # both gone (orphans of the shell, reaped by init)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.01)
+    select.select([watch], [], [], 5)
+    watch.drain(ended)  # must not read on after the callback closed it
+    assert seen == pids
 
 
 def test_process_event_datagrams_are_parsed_by_their_layout() -> None:
@@ -236,3 +264,18 @@ def test_process_event_datagrams_are_parsed_by_their_layout() -> None:
     data = event(exit_, 10, 10, 256) + event(exit_, 11, 10, 0) + event(1, 12, 12, 0)
     assert exits.parse(data) == [(10, 256)]  # a thread's exit and a fork are not
     assert exits.parse(b"\0" * 10) == []
+
+
+def test_a_missing_interpreter_is_read_without_waiting(tmp_path: Path) -> None:
+    me = Identity(os.geteuid(), os.getegid(), "me", "/", "/bin/sh", [], False)
+    script = tmp_path / "job.sh"
+    script.write_text("#!/opt/none/ksh -l\necho\n")
+    gone = FileNotFoundError(2, "No such file or directory", "job.sh")
+    why = describe_exec_error(gone, ["job.sh"], str(tmp_path), me)  # workdir-relative
+    assert why == "/opt/none/ksh: bad interpreter: No such file or directory"
+    # Swapped for a FIFO after the exec failed: no read, no wait.
+    script.unlink()
+    os.mkfifo(script)
+    assert describe_exec_error(gone, ["job.sh"], str(tmp_path), me).startswith(
+        "No such file or directory"
+    )
