@@ -178,20 +178,23 @@ def up(
         paths, config = common.home()
         # Before the layout: another user's cluster is refused whatever the flags.
         probe.check_owner(paths, "start")
-        # A cluster with a daemon or a kept job still running keeps the layout it
-        # started with: a kept job is re-adopted by the node of the same name.
-        alive = probe.running(paths) or stopping.kept_jobs(paths)
-        last = probe.load_layout(paths)
-        running = last if alive else None
-        layout = layout_for_up(
-            config, nodes, cpus_per_node, oversubscribe, running, last
-        )
-        if running is None and layout is last:  # reused, not merely the same
-            typer.echo(
-                "the layout of the last mb up (mb down, then mb up --nodes N "
-                "--cpus-per-node C, for another)"
+        # One mb up at a time decides the layout and starts it.
+        with lifecycle.one_at_a_time(paths, wait + 30):
+            # A cluster with a daemon or a kept job still running keeps the
+            # layout it started with: a kept job is re-adopted by the node of
+            # the same name.
+            alive = probe.running(paths) or stopping.kept_jobs(paths)
+            last = probe.load_layout(paths)
+            running = last if alive else None
+            layout = layout_for_up(
+                config, nodes, cpus_per_node, oversubscribe, running, last
             )
-        report = lifecycle.up(paths, config, layout, wait=wait)
+            if running is None and layout is last:  # reused, not merely equal
+                typer.echo(
+                    "the layout of the last mb up (mb down, then mb up --nodes N "
+                    "--cpus-per-node C, for another)"
+                )
+            report = lifecycle.up(paths, config, layout, wait=wait)
         for name in report.started:
             typer.echo(f"started {name} (pid {report.pids[name]})")
         for name in report.already_running:

@@ -180,9 +180,10 @@ def run_demo(
 def _up(paths: Paths, config: Config) -> None:
     from minibatch.cluster.layout import layout_for_up
 
-    running = probe.load_layout(paths) if probe.running(paths) else None
-    layout = layout_for_up(config, NODES, CPUS, True, running)
-    report = lifecycle.up(paths, config, layout)
+    with lifecycle.one_at_a_time(paths, 60):
+        running = probe.load_layout(paths) if probe.running(paths) else None
+        layout = layout_for_up(config, NODES, CPUS, True, running)
+        report = lifecycle.up(paths, config, layout)
     typer.echo(f"cluster up in {paths.home}: {', '.join(report.started) or 'running'}")
 
 

@@ -330,7 +330,8 @@ def checkjob_command(
             jobs = client.call(QueryJobs(selectors=[selector], finished=True)).jobs
             reply = client.call(Diagnose(jobs=False))
     now = time.time()
-    sys.stdout.write("\n".join(render_checkjob(j, reply, now) for j in jobs))
+    text = "\n".join(render_checkjob(j, reply, now) for j in jobs)
+    sys.stdout.write(render.printable(text))
 
 
 def checkjob_main() -> None:

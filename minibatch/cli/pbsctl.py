@@ -226,7 +226,7 @@ def tracejob_command(
                 out.append(render_trace(common.call(TraceJob(selector=selector))))
         except SystemExit as exc:
             code = code or exc.code  # said on stderr; the other ids go on
-    sys.stdout.write("\n".join(out))
+    sys.stdout.write(render.printable("\n".join(out)))
     if code:
         raise SystemExit(code)
 

@@ -296,13 +296,21 @@ def _depend(job: Job) -> str:
     return ",".join(f"{kind}:{':'.join(ids)}" for kind, ids in by_kind.items())
 
 
-#: What a terminal would act on: a user's variables and arguments may hold it,
-#: and an operator's ``qstat -f`` must not clear the screen or retitle it.
+#: What a terminal would act on: a user's variables, arguments and file names
+#: may hold it, and an operator's ``qstat -f`` must not clear the screen or
+#: retitle it. ``_LINE_CONTROL`` spares the newlines of a whole block.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_LINE_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
 
 def _escape(m: re.Match[str]) -> str:
     return f"\\x{ord(m.group()):02x}"
+
+
+def printable(text: str) -> str:
+    """``text`` (lines of a listing) with every control character but the
+    newline escaped (``\\x1b``), as ``qstat -f`` escapes each value."""
+    return _LINE_CONTROL.sub(_escape, text)
 
 
 def qstat_full(jobs: Sequence[Job], now: float) -> str:

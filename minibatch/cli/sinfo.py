@@ -91,7 +91,7 @@ def _lines(columns: Sequence[Column], rows: list[list[str]], header: bool) -> st
     specs = []
     for i, (_, width) in enumerate(columns):
         if width is None:
-            specs.append(f"<{max(len(r[i]) for r in cells)}")
+            specs.append(f"<{max((len(r[i]) for r in cells), default=0)}")
         else:
             specs.append(f"<{-width}" if width < 0 else f">{width}")
     specs[-1] = ""
@@ -235,6 +235,20 @@ def formatted(
     return "".join(line + "\n" for line in lines)
 
 
+def wanted_states(text: str) -> set[str]:
+    """``-t``: short or long names (``drain`` also means draining, as in
+    Slurm); an unknown one is refused."""
+    names = {**{s: s for s in STATES}, **{v: k for k, v in LONG_STATES.items()}}
+    names.update({"down": "down*", "allocated": "alloc", "mixed": "mix"})
+    out: set[str] = set()
+    for word in text.lower().split(","):
+        state = names.get(word.strip().rstrip("*"))
+        if state is None:
+            raise InvalidArgument(f"Bad state string {word.strip()!r}")
+        out |= {state, "drng"} if state == "drain" else {state}
+    return out
+
+
 def reasons(nodes: Sequence[NodeInfo], header: bool = True) -> str:
     """``-R``: why nodes are down or drained, as Slurm lists them."""
     rows = []
@@ -290,8 +304,8 @@ def sinfo_command(
             named = set(slurmfmt.expand_hostlist(node_names))
             nodes = [n for n in nodes if n.name in named]
         if states:
-            allowed = {s.strip().lower().rstrip("*") for s in states.split(",")}
-            nodes = [n for n in nodes if node_state(n).rstrip("*") in allowed]
+            allowed = wanted_states(states)
+            nodes = [n for n in nodes if node_state(n) in allowed]
         if fmt is not None:
             text = formatted(fmt, queues, nodes, node_oriented, not noheader)
         elif list_reasons:

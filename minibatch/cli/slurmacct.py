@@ -19,7 +19,7 @@ import os
 import re
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Annotated
 
 from minibatch.cli import acct, common, render, slurmfmt
@@ -60,28 +60,40 @@ SACCT_LONG = (
 _CLOCK = re.compile(r"^\d{1,2}:\d{2}(:\d{2})?$")
 
 
+#: A date without its year: MM/DD, MM.DD or MMDD.
+_YEARLESS = re.compile(r"^\d{1,2}[/.]\d{1,2}$|^\d{4}$")
+
+
 def parse_time(text: str, now: float) -> float:
-    """sacct's times: ``now[-N[unit]]``, ``HH:MM[:SS]`` (today), and what
-    ``mb acct -S`` takes (``YYYY-MM-DD[THH:MM[:SS]]``, ``1h``, ``2d``)."""
+    """sacct's times: ``now[-N[unit]]``, ``HH:MM[:SS]``, what ``mb acct -S``
+    takes (``YYYY-MM-DD[THH:MM[:SS]]``, ``1h``, ``2d``) and what sbatch
+    ``--begin`` takes (today, midnight, ``MM/DD``...), in the past as sacct
+    reads them (Slurm's ``parse_time(..., past=1)``): a clock time or a word
+    still ahead today means yesterday's, a date ahead this year last year's."""
     value = text.strip().lower()
     relative = relative_time(value, now)
     if relative is not None:
         return relative
     if _CLOCK.match(value):
         today = datetime.fromtimestamp(now).strftime("%Y-%m-%d")
-        return acct.parse_since(f"{today}T{value}", now)
-    try:
-        return acct.parse_since(text, now)
-    except InvalidArgument:
-        # today, midnight, MM/DD[/YY]...: Slurm reads sacct's times with the
-        # parser of sbatch --begin.
+        t = acct.parse_since(f"{today}T{value}", now)
+    else:
         try:
-            return parse_slurm_begin(text, now)
+            return acct.parse_since(text, now)
         except InvalidArgument:
-            raise InvalidArgument(
-                f"malformed time {text!r} (expected e.g. YYYY-MM-DD[THH:MM[:SS]], "
-                "HH:MM, MM/DD, today, now-2hours)"
-            ) from None
+            try:
+                t = parse_slurm_begin(text, now)
+            except InvalidArgument:
+                raise InvalidArgument(
+                    f"malformed time {text!r} (expected e.g. YYYY-MM-DD[THH:MM"
+                    "[:SS]], HH:MM, MM/DD, today, now-2hours)"
+                ) from None
+    if t <= now:
+        return t
+    when = datetime.fromtimestamp(t)
+    if _YEARLESS.match(value):
+        return when.replace(year=when.year - 1).timestamp()
+    return (when - timedelta(days=1)).timestamp()
 
 
 def midnight(now: float) -> float:

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
-from minibatch.cli import common, qstat, slurmcmds, slurmfmt, slurmshow
+from minibatch.cli import common, qstat, render, slurmcmds, slurmfmt, slurmshow
 from minibatch.errors import ErrorCode, InvalidArgument, RemoteError
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def show_job(ids: list[str], one_line: bool) -> int:
         print("No jobs in the system")
     for job in sorted(jobs, key=lambda j: j.id):
         text = slurmshow.block_text(slurmshow.job_block(job, now), one_line)
-        sys.stdout.write(text + ("" if one_line else "\n"))
+        sys.stdout.write(render.printable(text) + ("" if one_line else "\n"))
     return code
 
 
@@ -95,7 +95,7 @@ def show_partition(names: list[str], one_line: bool) -> int:
     for queue in queues.queues:
         block = slurmshow.partition_block(queue, nodes.nodes)
         text = slurmshow.block_text(block, one_line)
-        sys.stdout.write(text + ("" if one_line else "\n"))
+        sys.stdout.write(render.printable(text) + ("" if one_line else "\n"))
     return 0
 
 

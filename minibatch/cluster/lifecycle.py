@@ -29,6 +29,7 @@ from minibatch.cluster.layout import NodeLayout
 from minibatch.cluster.probe import (
     Daemon,
     check_owner,
+    load_layout,
     pidfile_names,
     running,
     running_pid,
@@ -208,18 +209,36 @@ def up(
     if not layout:
         raise InvalidArgument("a cluster needs at least one node")
     check_owner(paths, "start")
+    _make(paths)
+    previous = load_layout(paths)
+    try:
+        return _up(paths, config, layout, wait)
+    except BaseException:
+        # The next flagless mb up brings back the last layout that ran.
+        if previous is None:
+            (paths.run / "layout.json").unlink(missing_ok=True)
+        else:
+            _write_layout(paths, previous)
+        raise
+
+
+def _make(paths: Paths) -> None:
     try:
         paths.make()
     except OSError as exc:
         raise MinibatchError(f"cannot make the cluster's home: {exc}") from None
-    with _one_at_a_time(paths, wait + 30):
-        return _up(paths, config, layout, wait)
+
+
+def _write_layout(paths: Paths, layout: list[NodeLayout]) -> None:
+    _write_atomic(paths.run / "layout.json", layouts.encode(layout).decode() + "\n")
 
 
 @contextlib.contextmanager
-def _one_at_a_time(paths: Paths, patience: float) -> Iterator[None]:
-    """Hold the cluster's start lock: two ``mb up`` at once would each start
-    daemons the other starts too, see them fail, and stop everything."""
+def one_at_a_time(paths: Paths, patience: float) -> Iterator[None]:
+    """Hold the cluster's start lock while deciding what to start and starting
+    it (``mb up``): two at once would each start daemons the other starts too,
+    or two layouts at once."""
+    _make(paths)
     fd = os.open(paths.run / "up.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         deadline = time.monotonic() + patience
@@ -242,7 +261,7 @@ def _one_at_a_time(paths: Paths, patience: float) -> Iterator[None]:
 def _up(
     paths: Paths, config: Config, layout: list[NodeLayout], wait: float
 ) -> UpReport:
-    _write_atomic(paths.run / "layout.json", layouts.encode(layout).decode() + "\n")
+    _write_layout(paths, layout)
     run = _Starter(paths, config, wait)
     run.report.layout = list(layout)
     try:

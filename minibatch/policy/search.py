@@ -132,7 +132,7 @@ class Search:
                 seen[i] = changes[i]
                 b = nb
             e = node.start(need, w, b if b > after else after, best)
-            if e <= best and (e < best or i < where):
+            if e < INF and e <= best and (e < best or i < where):
                 best, where = e, i
         if raised:
             bounds.settle()

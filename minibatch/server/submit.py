@@ -11,6 +11,7 @@ import grp
 import os
 import pwd
 import re
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -136,8 +137,12 @@ def check_spec(spec: JobSpec) -> None:
     if req.mem_kb is not None and req.mem_kb <= 0:
         raise InvalidArgument("mem must be positive")
     check_range(req.malleable, req.ppn, req.nodes)
-    if not spec.name or "/" in spec.name or len(spec.name) > MAX_NAME:
+    if not spec.name or "/" in spec.name:
         raise InvalidArgument(f"invalid job name {shown(spec.name)}")
+    if len(spec.name) > MAX_NAME:
+        raise InvalidArgument(
+            f"job name too long ({len(spec.name)} characters, at most {MAX_NAME})"
+        )
     if (spec.script is None) == (spec.argv is None):
         raise InvalidArgument("a job needs exactly one of a script or a command")
     if spec.argv is not None and not spec.argv:
@@ -273,12 +278,22 @@ class _Names:
             path = self.slurm(path, jid, array, index)
         if path.endswith("/"):
             path += default
-        elif shared:
+        path = os.path.join(spec.workdir, path)
+        if shared and not _device(path):
             # One file named for a whole Torque array: each task gets its own,
             # "-<index>" added as Torque's job_clone does, or the tasks would
             # overwrite each other's output (sbatch shares it, as Slurm does).
+            # Not /dev/null: nothing is kept there to overwrite.
             path += f"-{index}"
-        return os.path.join(spec.workdir, path)
+        return path
+
+
+def _device(path: str) -> bool:
+    """Whether ``path`` is there and not a regular file (``/dev/null``)."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def build_jobs(

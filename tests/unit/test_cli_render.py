@@ -384,3 +384,5 @@ def test_qstat_f_shows_control_characters_escaped() -> None:
     out = render.qstat_full([j], now=1.0)
     assert "\x1b" not in out and "\x07" not in out
     assert "submit_args = -v X=\\x1b[2J -- true" in out
+    # Whole listings (scontrol show job, tracejob, checkjob) keep their lines.
+    assert render.printable("a\x1b]0;t\x07\nb\tc\n") == "a\\x1b]0;t\\x07\nb\\x09c\n"

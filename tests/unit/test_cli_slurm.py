@@ -479,6 +479,11 @@ def test_sacct_times():
     # sbatch --begin's words and dates, as Slurm reads sacct's times.
     assert parse_time("today", now) == time.mktime((2026, 5, 4, 0, 0, 0, 0, 0, -1))
     assert parse_time("05/01", now) == time.mktime((2026, 5, 1, 0, 0, 0, 0, 0, -1))
+    # In the past, as sacct reads them: the last midnight, yesterday's 14:00,
+    # last year's 12/31.
+    assert parse_time("midnight", now) == time.mktime((2026, 5, 4, 0, 0, 0, 0, 0, -1))
+    assert parse_time("14:00", now) == time.mktime((2026, 5, 3, 14, 0, 0, 0, 0, -1))
+    assert parse_time("12/31", now) == time.mktime((2025, 12, 31, 0, 0, 0, 0, 0, -1))
     with pytest.raises(InvalidArgument, match="malformed time 'yesterday'"):
         parse_time("yesterday", now)
 
@@ -532,6 +537,11 @@ def test_sinfo_layouts_are_slurms() -> None:
         "node0         1 batch*    idle",
         "node1         1 batch*    mix",
     ]
+    assert sinfo.render([batch], [], header=False) == ""  # sinfo -h -t alloc
+    assert sinfo.reasons([], header=False) == ""
+    assert sinfo.wanted_states("drain,Allocated") == {"drain", "drng", "alloc"}
+    with pytest.raises(InvalidArgument, match="Bad state string 'bogus'"):
+        sinfo.wanted_states("idle,bogus")
     assert sinfo.reasons(nodes).splitlines()[1:] == [
         "Not responding       root      Unknown             node4",
         "none                 root      Unknown             node5",

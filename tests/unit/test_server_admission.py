@@ -194,6 +194,8 @@ def test_output_names_per_tool(state: ServerState):
     )
     assert [t.stdout_path for t in tasks] == ["/w/a.log-1", "/w/a.log-2"]
     assert [t.stderr_path for t in tasks] == ["/w/j.e-1", "/w/j.e-2"]
+    null = state.submit(spec(array=[1, 2], stdout_path="/dev/null"), ME)
+    assert {t.stdout_path for t in null} == {"/dev/null"}
     keyed = state.submit(spec(array=[4], stdout_path="/w/$PBS_ARRAYID.o"), ME)
     assert keyed[0].stdout_path == "/w/4.o"
     shared = state.submit(spec(array=[1, 2], stdout_path="/w/s.out", options=slurm), ME)
