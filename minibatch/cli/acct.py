@@ -173,7 +173,14 @@ def acct_command(
 
         with common.reporting("mb acct"):
             nodes: NodeList = common.call(QueryNodes())
-        layout = [(n.name, len(n.cpus)) for n in nodes.nodes]
+        # The machine the jobs ran on: a node left down by an earlier layout
+        # would add CPUs nothing could use to the replay of this run.
+        used = {a.node for j in found for a in j.alloc}
+        layout = [
+            (n.name, len(n.cpus))
+            for n in nodes.nodes
+            if n.state not in ("down", "unknown") or n.name in used
+        ]
         sys.stdout.write(export_swf(found, nodes=layout, decimals=swf_decimals))
     elif as_json:
         sys.stdout.write(json_text(found, None if fields is None else columns, now))

@@ -123,11 +123,19 @@ def run_and_exit(command: Callable[[], None]) -> NoReturn:
 
 @contextmanager
 def reporting(prog: str) -> Iterator[None]:
-    """Turn a MinibatchError (or Ctrl-C) inside the block into one line and an exit."""
+    """Turn a MinibatchError, a file the command cannot write or read, or
+    Ctrl-C inside the block into one line and an exit."""
     try:
         yield
     except MinibatchError as exc:
         fail(prog, str(exc) or type(exc).__name__, exit_code(exc))
+    except FileExistsError as exc:  # mkdir of an output directory that is a file
+        fail(prog, f"{exc.filename}: exists and is not a directory", ERROR_EXIT)
+    except NotADirectoryError as exc:
+        fail(prog, f"{exc.filename}: a part of it is not a directory", ERROR_EXIT)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        fail(prog, f"{where}{exc.strerror or exc}", ERROR_EXIT)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
 

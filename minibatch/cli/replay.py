@@ -93,11 +93,13 @@ def replay_command(
             live = client.call(GetPolicy())
         name = policy or live.name
         params = parse_params(param) if policy or param else dict(live.params)
-        try:  # as the comparison will load it, before any job is sent
-            registry.load(name, params)
-        except (ImportError, AttributeError) as exc:  # a module:callable
-            raise InvalidArgument(f"cannot load policy {name!r}: {exc}") from None
-        layout = [(n.name, len(n.cpus)) for n in nodes.nodes]
+        registry.load(name, params)  # as the comparison will, before any job is sent
+        # The nodes that can run the slice now (not down, offline or unknown).
+        layout = [
+            (n.name, len(n.cpus))
+            for n in nodes.nodes
+            if n.state not in ("down", "offline", "unknown")
+        ]
         machine = Machine(nodes=tuple(NodeSpec(n, c) for n, c in layout))
         jobs = select_jobs(records, machine, limit=limit)
         if not jobs:

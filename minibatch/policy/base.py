@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, TypeVar
+
+import msgspec
 
 from minibatch.core.job import JobRequest
 from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan
 from minibatch.core.units import humanize_duration, parse_duration
 from minibatch.errors import InvalidArgument
+
+T = TypeVar("T")
 
 
 class Policy(Protocol):
@@ -144,3 +148,24 @@ def reserved_reason(base: str, start: float, now: float) -> str:
 
 
 NEVER = "no usable node has room for it now"
+
+
+def as_number(name: str, value: object, kind: type[float] | type[int] = float) -> float:
+    """A numeric parameter (``kind``: int or float), or a clear error."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InvalidArgument(f"parameter {name}: expected a number, got {value!r}")
+    try:
+        return kind(value)
+    except ValueError:
+        raise InvalidArgument(
+            f"parameter {name}: expected a number, got {value!r}"
+        ) from None
+
+
+def converted(name: str, value: object, kind: type[T]) -> T:
+    """``value`` as ``kind`` (``msgspec.convert``), or a clear error naming
+    the parameter: a user's ``--param`` must not end in a traceback."""
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        raise InvalidArgument(f"parameter {name}: {exc}") from None

@@ -46,6 +46,7 @@ import msgspec
 
 from minibatch.core.snapshot import ClusterSnapshot, PendingView
 from minibatch.core.usage import FairshareConfig, FsPolicy
+from minibatch.policy.base import as_number, converted
 from minibatch.policy.ordered import OrderedPolicy
 
 KINDS: tuple[str, ...] = ("user", "group", "account")
@@ -288,8 +289,16 @@ class Fairshare(OrderedPolicy):
         fsdecay: float = 1.0,
     ) -> None:
         super().__init__(backfill)
-        self.weights = (fsuserweight, fsgroupweight, fsaccountweight)
-        self.targets = msgspec.convert(
+        self.weights = (
+            as_number("fsuserweight", fsuserweight),
+            as_number("fsgroupweight", fsgroupweight),
+            as_number("fsaccountweight", fsaccountweight),
+        )
+        fsinterval = as_number("fsinterval", fsinterval)
+        fsdepth = int(as_number("fsdepth", fsdepth, int))
+        fsdecay = as_number("fsdecay", fsdecay)
+        self.targets = converted(
+            "fstargets",
             dict(fstargets) if fstargets is not None else {"default_user": "equal"},
             FairshareTargets,
         )

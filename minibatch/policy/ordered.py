@@ -32,7 +32,7 @@ import msgspec
 
 from minibatch.core.snapshot import ClusterSnapshot, PendingView, Plan
 from minibatch.policy.backfill import Easy
-from minibatch.policy.base import Policy
+from minibatch.policy.base import Policy, as_bool
 from minibatch.policy.fifo import Fifo
 from minibatch.policy.presets import ORDERED
 
@@ -88,8 +88,8 @@ class OrderedPolicy:
     needs: frozenset[str] = frozenset()
 
     def __init__(self, backfill: bool = True) -> None:
-        self.backfill = backfill
-        self._base: Policy = Easy() if backfill else Fifo()
+        self.backfill = as_bool("backfill", backfill)
+        self._base: Policy = Easy() if self.backfill else Fifo()
 
     def order(self, snap: ClusterSnapshot) -> list[PendingView]:
         """Pending jobs in priority order (stable). Subclasses rank."""

@@ -52,6 +52,7 @@ import msgspec
 
 from minibatch.core.snapshot import ClusterSnapshot, PendingView
 from minibatch.core.usage import FairshareConfig, FsPolicy, processor_equivalent
+from minibatch.policy.base import as_number, converted
 from minibatch.policy.fairshare import (
     Fairshare,
     FairshareContext,
@@ -362,7 +363,10 @@ class Maui(OrderedPolicy):
         super().__init__(backfill)
         if isinstance(weights.get("fspolicy"), str):
             weights["fspolicy"] = weights["fspolicy"].upper()
-        self.weights = msgspec.convert(weights, PriorityWeights)
+        self.weights = converted("weights", weights, PriorityWeights)
+        fsinterval = as_number("fsinterval", fsinterval)
+        fsdepth = int(as_number("fsdepth", fsdepth, int))
+        fsdecay = as_number("fsdecay", fsdecay)
         w = self.weights
         self.fairshare_config = FairshareConfig(
             policy=w.fspolicy, interval=fsinterval, depth=fsdepth, decay=fsdecay

@@ -14,6 +14,7 @@ their own process (the simulator, experiments before ``pip install``).
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +99,9 @@ def load(
             raise InvalidArgument(
                 f"unknown policy {name!r} (available: {', '.join(available(modules))})"
             )
+    unknown = _unknown_params(cls, params or {})
+    if unknown:
+        raise InvalidArgument(unknown)
     try:
         policy: Policy = cls(**(params or {}))
     except TypeError as exc:
@@ -105,6 +109,28 @@ def load(
     return policy
 
 
+def _unknown_params(cls: Any, params: Mapping[str, Any]) -> str:
+    """Why ``params`` do not fit ``cls``'s signature (naming the ones that
+    would), or "" (a ``**weights`` catch-all takes anything)."""
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):
+        return ""
+    fields = sig.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in fields):
+        return ""
+    named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    known = [p.name for p in fields if p.kind in named]
+    extra = sorted(set(params) - set(known))
+    if not extra:
+        return ""
+    takes = ", ".join(known) or "none"
+    return f"unknown parameter {extra[0]!r} for policy {cls.__name__} (takes: {takes})"
+
+
 def _imported(target: str) -> Any:
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidArgument(f"cannot load policy {target!r}: {exc}") from None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -132,6 +133,8 @@ def parse_line(line: str) -> SwfRecord:
         v = [float(p) for p in parts[:18]]
     except ValueError as exc:
         raise InvalidArgument(f"SWF line has a non-numeric field: {line!r}") from exc
+    if not all(map(math.isfinite, v)):  # float() takes nan and inf
+        raise InvalidArgument(f"SWF line has a field that is not a number: {line!r}")
     return SwfRecord(
         int(v[0]),
         v[1],
@@ -159,7 +162,11 @@ def _open_lines(path: Path) -> Iterator[str]:
         magic = probe.read(2)
     if magic == b"\x1f\x8b":
         with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
-            yield from f
+            try:
+                yield from f
+            except (EOFError, OSError, zlib.error) as exc:  # cut short, corrupt
+                why = f"{path}: not a whole gzip file ({exc})"
+                raise InvalidArgument(why) from None
     else:
         with path.open(encoding="utf-8", errors="replace") as f:
             yield from f

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import ClusterFactory
 
@@ -122,3 +125,24 @@ def test_acct_swf_of_a_live_run_replays_in_mb_compare(
         assert float(before["end"]) <= float(after["start"]), (before, after)
     for r in replay:
         assert float(r["start"]) >= float(r["submit"])
+
+
+def test_a_node_down_and_unused_is_not_part_of_the_exported_machine(
+    cluster: ClusterFactory,
+) -> None:
+    # Left down by an earlier layout, say: replaying on it would add a CPU.
+    c = cluster(
+        nodes=2,
+        cpus_per_node=1,
+        features={"node0": ["here"]},
+        server={"node_timeout": 2.0},
+    )
+    jid = c.qsub("-l", "nodes=1:ppn=1:here", "--", "sleep", "1")
+    c.wait_state(jid, "completed")
+    node1 = c.pids()["node-node1"]
+    os.kill(node1, signal.SIGKILL)
+    psutil.Process(node1).wait(5)
+    c.wait_for(lambda: c.nodes()["node1"].state == "down", what="node1 down")
+    swf = c.run("mb", "acct", "--swf").stdout
+    assert "; MinibatchNodes: node0:1\n" in swf, swf
+    assert "; MaxProcs: 1\n" in swf, swf

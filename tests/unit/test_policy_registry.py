@@ -37,3 +37,28 @@ def test_loading_a_built_in_policy_never_imports_importlib_metadata() -> None:
     )
     out = output_of(probe)
     assert out == "False"
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        ("easy", {"nosuch": 1}, "unknown parameter 'nosuch' for policy Easy (takes: "),
+        ("maui", {"backfill": "maybe"}, "parameter backfill: expected true or false"),
+        ("maui", {"queuetimeweight": "abc"}, "parameter weights: Expected `float`"),
+        ("fairshare", {"fsinterval": "abc"}, "parameter fsinterval: expected a number"),
+        ("minibatch.policy.fifo:Nope", {}, "cannot load policy 'minibatch.policy.fifo"),
+        ("nosuchmodule:X", {}, "No module named 'nosuchmodule'"),
+    ],
+)
+def test_bad_policy_parameters_are_one_clear_error(name, params, message) -> None:
+    from minibatch.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument) as err:
+        registry.load(name, params)
+    assert message in str(err.value)
+
+
+def test_backfill_takes_the_words_of_a_flag() -> None:
+    # "no" was a non-empty string, so backfill stayed on.
+    assert registry.load("maui", {"backfill": "no"}).backfill is False
+    assert registry.load("psp", {"backfill": "yes"}).backfill is True

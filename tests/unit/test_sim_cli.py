@@ -105,6 +105,16 @@ def test_sim_writes_jobs_csv_and_summary(trace, tmp_path):
     assert summary["policy"] == "easy" and summary["estimates"] == "trace"
 
 
+def test_an_output_path_that_cannot_be_a_directory_is_one_line(trace, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for command in (["sim"], ["compare"]):
+        result = run([*command, str(trace), "--out", str(afile)])
+        assert result.exit_code == 1, result.output
+        assert "is not a directory" in result.output, result.output
+        assert "Traceback" not in result.output
+
+
 def test_sim_machine_options(trace, tmp_path):
     out = tmp_path / "nodes"
     result = run(

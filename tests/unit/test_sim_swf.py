@@ -80,7 +80,13 @@ def test_parse_line_reads_all_18_fields_in_order():
 
 
 @pytest.mark.parametrize(
-    "bad", ["1 2 3", "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 x"]
+    "bad",
+    [
+        "1 2 3",
+        "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 x",
+        "1 nan 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18",  # a simulation never ends
+        "1 2 3 inf 5 6 7 8 9 10 11 12 13 14 15 16 17 18",
+    ],
 )
 def test_malformed_lines_are_refused_with_the_line(bad):
     with pytest.raises(InvalidArgument, match="SWF line"):
@@ -226,3 +232,15 @@ def test_export_keeps_sub_second_times_when_asked():
     assert (rec.wait, rec.run) == (0.25, 1.25)
     rec = parse_swf(export_swf(jobs).splitlines()).records[0]
     assert (rec.wait, rec.run) == (0, 1)
+
+
+def test_a_gzip_trace_cut_short_is_one_clear_error(tmp_path):
+    import gzip
+
+    whole = gzip.compress(
+        ("\n".join(line(i, i, 10, 1) for i in range(1, 2000))).encode()
+    )
+    cut = tmp_path / "cut.swf.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(InvalidArgument, match="not a whole gzip file"):
+        read_swf(cut)
