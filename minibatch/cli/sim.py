@@ -298,6 +298,9 @@ def sim_command(
                 run.records, run.eet, summary_nodes(run.summary), Path(out), policy
             )
         typer.echo(run_table(run.summary), nl=False)
+        if work.left_out:
+            why = ", ".join(f"{n} {r}" for r, n in sorted(work.left_out.items()))
+            typer.echo(f"\nleft out by the job filter (docs/simulator.md): {why}")
         typer.echo(f"\nwrote {jobs_csv} and {summary_json}")
 
 

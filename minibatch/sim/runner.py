@@ -150,6 +150,8 @@ class Workload:
     records_in_trace: int
     read_s: float
     trace: SwfTrace
+    #: Records the job filter left out, by reason (docs/simulator.md).
+    left_out: dict[str, int] = field(default_factory=dict)
 
 
 def load(config: SimConfig) -> Workload:
@@ -157,17 +159,20 @@ def load(config: SimConfig) -> Workload:
     t0 = time.perf_counter()
     trace = read_swf(config.trace)
     machine = config.machine.build(trace)
+    left_out: dict[str, int] = {}
     jobs = select_jobs(
         trace,
         machine,
         limit=config.limit,
         estimates=config.estimates,
         mem_unit=config.mem_unit,
+        left_out=left_out,
     )
     if not jobs:
         raise InvalidArgument(f"no job of {config.trace} passes the filter")
     jobs = make_malleable(jobs, machine, config.malleable, config.malleable_range)
-    return Workload(machine, jobs, len(trace.records), time.perf_counter() - t0, trace)
+    took = time.perf_counter() - t0
+    return Workload(machine, jobs, len(trace.records), took, trace, left_out)
 
 
 def in_memory(name: str, jobs: list[TraceJob], machine: Machine) -> Workload:
@@ -237,6 +242,7 @@ def score(
         "machine_procs": machine.procs,
         "machine_nodes": [[n.name, n.cpus, n.mem_kb] for n in machine.nodes],
         "trace_records": work.records_in_trace,
+        "left_out": dict(work.left_out),
     }
     summary.update(summarize(records, machine.procs))
     summary.update(eet_summary(records, eet))

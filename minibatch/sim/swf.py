@@ -240,6 +240,7 @@ def select_jobs(
     limit: int | None = None,
     estimates: Estimates = Estimates.TRACE,
     mem_unit: MemoryUnit = MemoryUnit.KB_PER_PROC,
+    left_out: dict[str, int] | None = None,
 ) -> list[TraceJob]:
     """Apply the job filter (module docstring) and return jobs ordered by (submit, id).
 
@@ -250,7 +251,9 @@ def select_jobs(
         limit: keep only the first ``limit`` jobs that pass, in file order.
         estimates: ``trace`` uses the requested time, ``exact`` the run time.
         mem_unit: how field 10 is expressed in this trace.
+        left_out: if given, counts the records left out, by reason.
     """
+    out = left_out if left_out is not None else {}
     records = trace.records if isinstance(trace, SwfTrace) else trace
     size = machine.procs
     with_mem = machine.mem_kb is not None
@@ -259,7 +262,17 @@ def select_jobs(
         if limit is not None and len(kept) >= limit:
             break
         procs = rec.req_procs if rec.req_procs > 0 else rec.alloc_procs
-        if rec.run <= 0 or procs <= 0 or procs > size:
+        why = (
+            "no run time"
+            if rec.run <= 0
+            else "no processors"
+            if procs <= 0
+            else "wider than the machine"
+            if procs > size
+            else ""
+        )
+        if why:
+            out[why] = out.get(why, 0) + 1
             continue
         if estimates is Estimates.EXACT or rec.req_time <= 0:
             req_time = rec.run
@@ -268,6 +281,7 @@ def select_jobs(
         mem = record_mem_kb(rec, procs, mem_unit) if with_mem else None
         request = machine.request(procs, mem, math.ceil(req_time))
         if request is None:
+            out["fits no node"] = out.get("fits no node", 0) + 1
             continue
         kept.append((rec, procs, req_time, mem, request))
     if not kept:

@@ -244,3 +244,15 @@ def test_a_gzip_trace_cut_short_is_one_clear_error(tmp_path):
     cut.write_bytes(whole[: len(whole) // 2])
     with pytest.raises(InvalidArgument, match="not a whole gzip file"):
         read_swf(cut)
+
+
+def test_the_job_filter_counts_what_it_leaves_out():
+    records = [
+        parse_line(line(1, 0, 100, 500)),  # wider than the machine
+        parse_line(line(2, 10, 0, 4)),  # no run time
+        parse_line(line(3, 12, 100, 4)),
+    ]
+    left_out: dict[str, int] = {}
+    jobs = select_jobs(records, Machine.pool(128), left_out=left_out)
+    assert [j.id for j in jobs] == [3]
+    assert left_out == {"wider than the machine": 1, "no run time": 1}
