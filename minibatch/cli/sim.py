@@ -21,8 +21,9 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -33,6 +34,8 @@ from minibatch.errors import InvalidArgument
 if TYPE_CHECKING:
     from minibatch.sim.parallel import Pool
     from minibatch.sim.runner import SimConfig
+
+E = TypeVar("E", bound=Enum)
 
 # Option declarations shared by sim and compare.
 PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="Policy name.")]
@@ -155,6 +158,15 @@ def parse_value(text: str) -> Any:
     return text
 
 
+def _choice(option: str, kind: type[E], text: str) -> E:
+    """``text`` as one of ``kind``'s values, or an error listing them."""
+    try:
+        return kind(text)
+    except ValueError:
+        values = ", ".join(str(v.value) for v in kind)
+        raise InvalidArgument(f"{option} {text!r}: expected one of {values}") from None
+
+
 def build_config(
     trace: str,
     policy: str,
@@ -180,11 +192,9 @@ def build_config(
     from minibatch.sim.runner import MachineSpec, SimConfig
     from minibatch.sim.swf import Estimates, MemoryUnit
 
-    try:
-        est, unit = Estimates(estimates), MemoryUnit(mem_unit)
-        model = RuntimeModel(runtime_model)
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from exc
+    est = _choice("--estimates", Estimates, estimates)
+    unit = _choice("--mem-unit", MemoryUnit, mem_unit)
+    model = _choice("--runtime-model", RuntimeModel, runtime_model)
     if limit is not None and limit < 1:
         raise InvalidArgument("--limit must be at least 1")
     return SimConfig(

@@ -163,7 +163,9 @@ def plot(
 ) -> list[Path]:
     """``metric`` over the load: a panel per trace, a line per policy/parameters."""
     traces = list(dict.fromkeys(p.trace for p in points))
-    fig, axes = plots._figure(rows=len(traces), height=3.5 * len(traces))
+    fig, axes = plots._figure(
+        rows=len(traces), height=3.5 * len(traces), layout="constrained"
+    )
     for ax, trace in zip(axes, traces, strict=True):
         lines: dict[str, list[tuple[float, float]]] = {}
         for p, s in zip(points, summaries, strict=True):
