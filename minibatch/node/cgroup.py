@@ -68,10 +68,21 @@ def _write(path: Path, value: str) -> None:
 
 
 def _read(path: Path) -> str:
+    # os-level: a text file object costs more than the read it wraps, and a
+    # job's end reads five of these files.
     try:
-        return path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return ""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
 
 
 def _stat_value(text: str, key: str) -> int:

@@ -552,5 +552,11 @@ def remove_spool_files(spool: Path, job: int) -> None:
     for suffix in (".sh", ".nodes", ".cpus", ".run"):
         with contextlib.suppress(OSError):
             (spool / f"{job}{suffix}").unlink()
-    # rmtree does not follow symbolic links a job may have left in it.
-    shutil.rmtree(spool / f"{job}.tmp", ignore_errors=True)
+    tmp = spool / f"{job}.tmp"
+    try:
+        tmp.rmdir()  # most jobs leave their $TMPDIR empty: one system call
+    except FileNotFoundError:
+        pass
+    except OSError:
+        # rmtree does not follow symbolic links a job may have left in it.
+        shutil.rmtree(tmp, ignore_errors=True)

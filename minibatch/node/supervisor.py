@@ -203,8 +203,12 @@ class Supervisor:
         self._kill_pids(run, tree, table, signal.SIGKILL)
 
     def _may_remain(self, run: Run) -> bool:
-        if run.cg is not None and run.cg.procs():
-            return True
+        if run.cg is not None:
+            # Nothing the job started can leave its cgroup (only root moves
+            # processes, and the job's own session cannot be joined from
+            # outside): an empty one is the whole answer, without a look at
+            # /proc.
+            return bool(run.cg.procs())
         try:
             os.killpg(run.pid, 0)
             return True  # the group lives (or its id was reused): look closer
