@@ -58,7 +58,7 @@ _decoder = msgspec.json.Decoder(RunRecord)
 
 
 def dirs_of(cg: JobCgroup | None) -> dict[str, str]:
-    return {c: str(d) for c, d in cg.dirs.items()} if cg is not None else {}
+    return dict(cg.dirs) if cg is not None else {}
 
 
 def path(spool: Path, job: int) -> Path:
