@@ -101,7 +101,7 @@ def load(
             )
     unknown = _unknown_params(cls, params or {})
     if unknown:
-        raise InvalidArgument(unknown)
+        raise InvalidArgument(f"bad parameters for policy {name!r}: {unknown}")
     try:
         policy: Policy = cls(**(params or {}))
     except TypeError as exc:
@@ -125,7 +125,7 @@ def _unknown_params(cls: Any, params: Mapping[str, Any]) -> str:
     if not extra:
         return ""
     takes = ", ".join(known) or "none"
-    return f"unknown parameter {extra[0]!r} for policy {cls.__name__} (takes: {takes})"
+    return f"unknown parameter {extra[0]!r} (it takes: {takes})"
 
 
 def _imported(target: str) -> Any:

@@ -42,7 +42,11 @@ def test_loading_a_built_in_policy_never_imports_importlib_metadata() -> None:
 @pytest.mark.parametrize(
     ("name", "params", "message"),
     [
-        ("easy", {"nosuch": 1}, "unknown parameter 'nosuch' for policy Easy (takes: "),
+        (
+            "easy",
+            {"nosuch": 1},
+            "bad parameters for policy 'easy': unknown parameter 'nosuch' (it takes: ",
+        ),
         ("maui", {"backfill": "maybe"}, "parameter backfill: expected true or false"),
         ("maui", {"queuetimeweight": "abc"}, "parameter weights: Expected `float`"),
         ("fairshare", {"fsinterval": "abc"}, "parameter fsinterval: expected a number"),
