@@ -4,10 +4,13 @@ Both are computed by :mod:`minibatch.core.usage` (the simulator uses the same
 functions) from accounting records; this module feeds it and caches the result.
 
 * **Fairshare** (Maui FSINTERVAL/FSDEPTH/FSDECAY/FSPOLICY, ``[fairshare]`` in the
-  config): finished jobs that ended inside the ``depth`` windows are loaded from
-  accounting at start-up and kept in memory; the :class:`FairshareView` is
-  recomputed from them and the running jobs when a job has ended (at most once a
-  second) and every ``refresh`` seconds while jobs run, never on every snapshot.
+  config): what finished jobs used is summed per user, group, account and window
+  as they end (:class:`~minibatch.core.usage.FinishedUsage`; at start-up from
+  the accounting of the ``depth`` windows); the :class:`FairshareView` is
+  recomputed from those sums and the running jobs when a job has ended (at most
+  once a second) and every ``refresh`` seconds while jobs run, never on every
+  snapshot. A recomputation costs the entities and running jobs, not the jobs
+  of the last days.
 * **PSP accuracy**: each user's last 10 finished jobs' run time / requested time,
   updated as each job ends (loaded from accounting at start-up).
 """
@@ -39,7 +42,7 @@ class UsageHistory:
         self.config = config.usage_config()
         self.refresh = config.refresh
         self._totals = totals
-        self._finished: list[usage.UsageRecord] = []
+        self._finished = usage.FinishedUsage(self.config)
         self._view = FairshareView()
         self._computed = -math.inf
         self._dirty = True
@@ -69,7 +72,7 @@ class UsageHistory:
     def _keep(self, job: Job) -> None:
         record = self._record(job)
         if record is not None:
-            self._finished.append(record)
+            self._finished.add(record)
 
     def _learn(self, job: Job) -> None:
         if job.start_time is not None and job.end_time is not None:
@@ -94,13 +97,7 @@ class UsageHistory:
         age = now - self._computed
         if not (self._dirty and age >= MIN_GAP) and age < self.refresh:
             return self._view
-        oldest = self._oldest(now)
-        self._finished = [r for r in self._finished if r.end is None or r.end > oldest]
-        records = list(self._finished)
-        for job in running:
-            record = self._record(job)
-            if record is not None:
-                records.append(record)
-        self._view = usage.fairshare_usage(records, now, self.config)
+        records = (self._record(job) for job in running)
+        self._view = self._finished.view(now, (r for r in records if r is not None))
         self._computed, self._dirty = now, False
         return self._view

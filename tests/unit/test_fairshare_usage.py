@@ -1,4 +1,5 @@
-"""Fairshare usage windows (core/usage.py): hand-computed decay, ledger = reference."""
+"""Fairshare usage windows (core/usage.py): hand-computed decay, ledger and
+finished-job sums = reference."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import strategies as st
 from minibatch.core.job import Allocation, Job, JobRequest, JobState
 from minibatch.core.usage import (
     FairshareConfig,
+    FinishedUsage,
     FsPolicy,
     UsageLedger,
     UsageRecord,
@@ -168,3 +170,34 @@ def test_ledger_equals_reference(case):
             assert got.users[name] == pytest.approx(value, rel=1e-9, abs=1e-6)
         for name, value in want.groups.items():
             assert got.groups[name] == pytest.approx(value, rel=1e-9, abs=1e-6)
+
+
+@settings(max_examples=80, deadline=None)
+@given(histories(), st.sampled_from([FsPolicy.DEDICATEDPS, FsPolicy.NONE]))
+def test_finished_sums_equal_reference_to_the_bit(case, policy):
+    """What the server keeps (finished jobs summed as they end, running ones
+    added at each view) is the reference over every record, bit for bit, as
+    time passes and old windows are forgotten."""
+    jobs, cfg, queries = case
+    cfg = FairshareConfig(
+        policy=policy, interval=cfg.interval, depth=cfg.depth, decay=cfg.decay
+    )
+    ends = sorted(range(len(jobs)), key=lambda i: (jobs[i][0] + jobs[i][1], i))
+    kept = FinishedUsage(cfg)
+    done: list[UsageRecord] = []
+    k = 0
+    for now in queries:
+        while k < len(ends) and sum(jobs[ends[k]][:2]) <= now:
+            i = ends[k]
+            start, dur, rate, user = jobs[i]
+            record = rec(i, user, rate, start, start + dur, group="g" + user)
+            kept.add(record)
+            done.append(record)
+            k += 1
+        finished = {r.id for r in done}
+        running = [
+            rec(i, user, rate, start, None, group="g" + user)
+            for i, (start, _, rate, user) in enumerate(jobs)
+            if i not in finished and start <= now
+        ]
+        assert kept.view(now, running) == fairshare_usage(done + running, now, cfg)
