@@ -278,6 +278,7 @@ class _Names:
             path = self.slurm(path, jid, array, index)
         if path.endswith("/"):
             path += default
+            shared = False  # the default name has the task's index already
         path = os.path.join(spec.workdir, path)
         if shared and not _device(path):
             # One file named for a whole Torque array: each task gets its own,

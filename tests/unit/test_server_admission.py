@@ -198,6 +198,11 @@ def test_output_names_per_tool(state: ServerState):
     assert {t.stdout_path for t in null} == {"/dev/null"}
     keyed = state.submit(spec(array=[4], stdout_path="/w/$PBS_ARRAYID.o"), ME)
     assert keyed[0].stdout_path == "/w/4.o"
+    # A directory: each task's default name has its index once, as in Torque.
+    logs = state.submit(spec(array=[1, 2], stdout_path="/w/logs/"), ME)
+    assert [t.stdout_path for t in logs] == [
+        f"/w/logs/j.o{t.array_id}-{i}" for t, i in zip(logs, (1, 2), strict=True)
+    ]
     shared = state.submit(spec(array=[1, 2], stdout_path="/w/s.out", options=slurm), ME)
     assert {t.stdout_path for t in shared} == {"/w/s.out"}  # Slurm shares it
 
