@@ -224,3 +224,12 @@ def test_tasks_spread_over_nodes_when_no_node_holds_them(state: ServerState):
     assert (fits.request.nodes, fits.request.ppn) == (1, 2)  # one node holds it
     with pytest.raises(InfeasibleRequest):
         state.submit(spec(request=JobRequest(ppn=4)), ME)  # -N 1 -n 4: no
+
+
+@pytest.mark.parametrize("argv", [[], [""], ["", "x"]])
+def test_an_empty_command_is_refused_at_submission(state: ServerState, argv):
+    """``qsub -- ''`` is refused in one line, not queued to fail at its start
+    with 'Permission denied' (found by a new-user trial)."""
+    with pytest.raises(InvalidArgument, match="empty command"):
+        state.submit(msgspec.structs.replace(spec(), argv=argv), ME)
+    assert not state.jobs
