@@ -133,6 +133,9 @@ class SubmitOptions(msgspec.Struct, kw_only=True):
 
 #: Fields merged rather than replaced when a higher layer is laid over a lower one.
 _UNION = frozenset({"env", "recorded"})
+#: Slurm's memory options, one request: a layer that gives one of them replaces
+#: all three of the layer below (sbatch's command line over ``#SBATCH``).
+MEMORY_FIELDS = ("mem_per_node_kb", "mem_per_cpu_kb", "mem_per_gpu_kb")
 
 
 def merge(lower: SubmitOptions, higher: SubmitOptions) -> SubmitOptions:
@@ -144,9 +147,12 @@ def merge(lower: SubmitOptions, higher: SubmitOptions) -> SubmitOptions:
     replaces a resource value.
     """
     out = SubmitOptions()
+    memory = any(getattr(higher, f) is not None for f in MEMORY_FIELDS)
     for name in SubmitOptions.__struct_fields__:
         low, high = getattr(lower, name), getattr(higher, name)
-        if name in _UNION:
+        if memory and name in MEMORY_FIELDS:
+            value = high
+        elif name in _UNION:
             value = {**low, **high}
         elif name == "notes":
             value = low + [n for n in high if n not in low]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from minibatch.cli.common import check_name, positive_int
-from minibatch.cli.directives import Context, SubmitOptions
+from minibatch.cli.directives import MEMORY_FIELDS, Context, SubmitOptions
 from minibatch.cli.longopts import FLAG as _FLAG
 from minibatch.cli.longopts import OPTIONAL as _OPTIONAL
 from minibatch.cli.longopts import VALUE as _VALUE
@@ -248,6 +248,23 @@ def apply_gres(opts: SubmitOptions, value: str) -> None:
             opts.record("gres", item, "no effect: only GPUs are counted")
 
 
+def _memory(opts: SubmitOptions, name: str, value: str) -> None:
+    """``--mem``, ``--mem-per-cpu`` or ``--mem-per-gpu``: one of them per layer
+    (the same one again replaces it), as sbatch says."""
+    field = {"mem": "mem_per_node_kb", "mem-per-cpu": "mem_per_cpu_kb"}.get(
+        name, "mem_per_gpu_kb"
+    )
+    if any(getattr(opts, f) is not None for f in MEMORY_FIELDS if f != field):
+        raise InvalidArgument(
+            "--mem, --mem-per-cpu and --mem-per-gpu are mutually exclusive"
+        )
+    kb = parse_mem(value)
+    if kb == 0 and name == "mem":
+        opts.record("--mem", value, "no memory limit: 0 asks for the whole node")
+        return
+    setattr(opts, field, kb or None)
+
+
 def _gpu_count(value: str, option: str) -> int:
     # --gpus=[type:]N
     return positive_int(value.rsplit(":", 1)[-1], option)
@@ -311,16 +328,8 @@ def _apply(opts: SubmitOptions, name: str, value: str, ctx: Context) -> None:  #
             opts.cpus_per_task = max(opts.cpus_per_task or 1, number)
     elif name == "ntasks-per-node":
         opts.tasks_per_node = positive_int(value, "--ntasks-per-node")
-    elif name == "mem":
-        kb = parse_mem(value)
-        if kb == 0:
-            opts.record("--mem", value, "no memory limit: 0 asks for the whole node")
-        else:
-            opts.mem_per_node_kb = kb
-    elif name == "mem-per-cpu":
-        opts.mem_per_cpu_kb = parse_mem(value) or None
-    elif name == "mem-per-gpu":
-        opts.mem_per_gpu_kb = parse_mem(value) or None
+    elif name in ("mem", "mem-per-cpu", "mem-per-gpu"):
+        _memory(opts, name, value)
     elif name == "gres":
         apply_gres(opts, value)
     elif name == "gpus-per-node":

@@ -220,3 +220,27 @@ def test_the_last_gaps_of_the_reference_option_sets():
     assert parse_slurm_begin("112526", NOW) == time.mktime(
         (2026, 11, 25, 0, 0, 0, 0, 0, -1)
     )
+
+
+def test_slurm_memory_options_are_one_request(tmp_path):
+    """sbatch's rule: --mem, --mem-per-cpu and --mem-per-gpu exclude each other
+    where they are given together; the command line's replaces the script's."""
+    with pytest.raises(InvalidArgument, match="mutually exclusive"):
+        directives("#SBATCH --mem=40M --mem-per-cpu=40M\n")
+    with pytest.raises(InvalidArgument, match="mutually exclusive"):
+        directives("#SBATCH --mem-per-gpu=1G\n#SBATCH --mem=2G\n")
+    assert to_request(directives("#SBATCH --mem=1G\n#SBATCH --mem=2G\n")).mem_kb == (
+        2 * 1024**2
+    )
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -n 2 --mem=1G\ntrue\n")
+    made = sbatch_spec(
+        ["--mem-per-cpu=100M", str(script)],
+        environ=ENV,
+        workdir=str(tmp_path),
+        host="ws",
+        user="alice",
+        now=NOW,
+    )
+    assert made is not None
+    assert made[0].request.mem_kb == 2 * 100 * 1024
