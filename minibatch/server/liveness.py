@@ -110,6 +110,15 @@ def _kill_again(state: ServerState, node: Node, reported: set[int]) -> None:
             state.outbox.append((node.route, Kill(job=jid, result=JobResult.CANCELLED)))
 
 
+def publish_changes(state: ServerState) -> None:
+    """Publish the nodes whose state changed without a word from them: a job's
+    start or end makes a node ``job-exclusive`` or ``free`` again."""
+    published = state.nodes.published
+    for node in state.nodes.nodes.values():
+        if published.get(node.name) != node.state:
+            state.publish_node(node)
+
+
 def set_offline(state: ServerState, node: Node, offline: bool, comment: str) -> None:
     node.offline, node.comment = offline, (comment if offline else "")
     state.store.put_node(node)

@@ -142,6 +142,8 @@ class NodeRegistry:
         features: dict[str, list[str]] | None = None,
     ) -> None:
         self.nodes: dict[str, Node] = {n.name: n for n in nodes}
+        #: The state last published for each node (``nodes/<name>/state``).
+        self.published: dict[str, NodeState] = {}
         self.gpus = gpus or {}
         self.features = features or {}
         for node in nodes:

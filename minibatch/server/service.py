@@ -173,6 +173,8 @@ class Server:
         for identity, message in state.outbox:
             self._send(identity, encode(message))
         state.outbox.clear()
+        if wrote:  # jobs started or ended: nodes may be busy or free now
+            liveness.publish_changes(state)
         for topic, payload in state.events:
             self.publisher.publish(topic, payload, retain=is_state(topic))
         state.events.clear()

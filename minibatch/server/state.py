@@ -228,6 +228,7 @@ class ServerState:
         self.accounting.event(job, event, now)
 
     def publish_node(self, node: Node) -> None:
+        self.nodes.published[node.name] = node.state
         self.events.append(
             (
                 f"nodes/{node.name}/state",

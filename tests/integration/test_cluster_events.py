@@ -89,6 +89,18 @@ async def check_job_events(c: Cluster, sub: Subscriber) -> None:
     assert (finished["state"], finished["result"]) == ("finished", "completed")
     assert finished["exit_status"] == 0
     assert submitted["time"] <= started["time"] <= finished["time"]
+    # Its node (one CPU) was busy while it ran and is free again: the live
+    # views see a node's load change, not only its registration.
+    topic = f"minibatch/v1/nodes/{started['node']}/state"
+
+    def busy_then_free(got: list[Event]) -> bool:
+        states = [p["state"] for t, p in got if t == topic]
+        return (
+            "job-exclusive" in states
+            and "free" in states[states.index("job-exclusive") :]
+        )
+
+    await sub.wait(busy_then_free)
 
 
 async def check_node_events(c: Cluster, sub: Subscriber) -> None:
