@@ -19,7 +19,7 @@ from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import Error, Message
 
 if TYPE_CHECKING:
-    import socket
+    import _socket
     from pathlib import Path
 
     import zmq
@@ -137,12 +137,16 @@ class _Stream:
     def __init__(self, path: str, endpoint: str, timeout: float) -> None:
         self.path, self.endpoint, self.timeout = path, endpoint, timeout
         self._deadline = 0.0
-        self._sock: socket.socket | None = None
+        self._sock: _socket.socket | None = None
 
-    def _connect(self) -> socket.socket:
-        import socket
+    def _connect(self) -> _socket.socket:
+        # The C socket type that socket.socket wraps: the stdlib's socket
+        # module turns its constants into enums as it loads, and imports
+        # selectors, ~2 ms of a command (docs/benchmarks.md, "Commands").
+        # A connect, sends and receives need none of the wrapper.
+        import _socket
 
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         while True:
             try:
