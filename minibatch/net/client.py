@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from minibatch.errors import InvalidArgument, RemoteError, Unavailable
 from minibatch.net.stream import HEADER, command_path
-from minibatch.protocol import decode, encode
+from minibatch.protocol import decode_reply, encode
 from minibatch.protocol.messages import Error, Message
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class Client:
             ) from None
         self._wire.send(request)
         while True:
-            env = decode(self._wire.recv(len(request)))
+            env = decode_reply(self._wire.recv(len(request)))
             # A reply to an earlier call that timed out is passed over; an
             # error that names no request is about this one (the server could
             # not read its id, or refused its size).
