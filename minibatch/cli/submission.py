@@ -24,7 +24,7 @@ from minibatch.core.resize import check_range
 from minibatch.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from minibatch.protocol.messages import Submitted
+    from minibatch.protocol.submit import Submitted
 
 #: The submitter's variables PBS passes to every job as PBS_O_<NAME>.
 _ORIGIN_VARS = ("HOME", "LANG", "PATH", "MAIL", "SHELL", "TZ")
@@ -325,7 +325,7 @@ def submit(spec: JobSpec, opts: SubmitOptions, prog: str) -> Submitted:
     """Send the job (only check it, with ``--test-only``); the notes (ours,
     then the server's) go to stderr."""
     from minibatch.cli import common
-    from minibatch.protocol.messages import Submit
+    from minibatch.protocol.submit import Submit
 
     reply: Submitted = common.call(Submit(spec=spec, test_only=bool(opts.test_only)))
     for line in [*opts.notes, *reply.notes]:

@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 from minibatch.errors import InvalidArgument, RemoteError, Unavailable
 from minibatch.net.stream import HEADER, command_path
 from minibatch.protocol import decode_reply, encode
-from minibatch.protocol.messages import Error, Message
+from minibatch.protocol.base import Error
 
 if TYPE_CHECKING:
     import _socket
     from pathlib import Path
 
     import zmq
+
+    from minibatch.protocol.messages import Message
 
 #: Requests this large may have been dropped for their size: a timeout says so.
 LARGE_REQUEST = 1 << 20
