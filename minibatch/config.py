@@ -19,6 +19,7 @@ import msgspec
 from minibatch.core import usage
 from minibatch.core.units import parse_duration
 from minibatch.errors import InvalidArgument
+from minibatch.homedir import CONFIG_NAME, default_endpoint, home_dir
 
 
 # A Struct, not a dataclass: importing dataclasses brings in inspect (~6 ms of
@@ -28,12 +29,11 @@ class Paths(msgspec.Struct, frozen=True):
 
     @classmethod
     def from_env(cls) -> Paths:
-        home = os.environ.get("MB_HOME") or str(Path.home() / ".minibatch")
-        return cls(Path(home).expanduser().absolute())
+        return cls(Path(home_dir()))
 
     @property
     def config(self) -> Path:
-        return self.home / "minibatch.toml"
+        return self.home / CONFIG_NAME
 
     @property
     def run(self) -> Path:
@@ -394,7 +394,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
     def server_endpoint(self, paths: Paths) -> str:
         """The ipc socket the server binds, which the daemons beside it use."""
-        return self.server.endpoint or f"ipc://{paths.run / 'server.sock'}"
+        return self.server.endpoint or default_endpoint(str(paths.home))
 
     def client_endpoint(self, paths: Paths) -> str:
         """Where this host's commands reach the server: ``$MB_SERVER``, else

@@ -142,12 +142,11 @@ def reporting(prog: str) -> Iterator[None]:
 
 def connect(timeout: float = 10.0) -> Client:
     """A client for the server of the cluster in ``$MB_HOME``."""
-    # Imported here so that a usage error never pays for the config.
-    from minibatch.config import Paths, load
+    # Imported here so that a usage error never pays for the client.
+    from minibatch.homedir import client_endpoint
     from minibatch.net.client import Client
 
-    paths = Paths.from_env()
-    endpoint = load(paths).client_endpoint(paths)
+    endpoint = client_endpoint()
     # No socket file means no server: say so now rather than after the timeout.
     if endpoint.startswith("ipc://") and not os.path.exists(endpoint[6:]):
         raise Unavailable(

@@ -24,13 +24,14 @@ from minibatch.core.resize import check_range
 from minibatch.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from minibatch.protocol.messages import Submitted
+    from minibatch.protocol.submit import Submitted
 
 #: The submitter's variables PBS passes to every job as PBS_O_<NAME>.
 _ORIGIN_VARS = ("HOME", "LANG", "PATH", "MAIL", "SHELL", "TZ")
-_HOST_PREFIX = re.compile(r"^([A-Za-z0-9_.-]+):(?=[^:]*$)")
+# Compiled by re's cache when first used (-o, -e): not by every qsub.
+_HOST_PREFIX = r"^([A-Za-z0-9_.-]+):(?=[^:]*$)"
 #: Parts of an output path the server fills in per job.
-_PATTERN = re.compile(r"%[0-9]*[AajJxuNnst%]|\^array_index\^|\$\{?PBS_\w+\}?")
+_PATTERN = r"%[0-9]*[AajJxuNnst%]|\^array_index\^|\$\{?PBS_\w+\}?"
 _SENDMAIL = ("/usr/sbin/sendmail", "/usr/lib/sendmail")
 
 
@@ -122,14 +123,14 @@ def output_path(
     if not given:
         return None
     path = given
-    m = _HOST_PREFIX.match(path)
+    m = re.match(_HOST_PREFIX, path)
     if m is not None and not path.startswith("/"):
         if m.group(1) not in (host, host.split(".")[0], "localhost"):
             opts.note(f"{what} {given}", f"written on this host, not on {m.group(1)}")
         path = path[m.end() :]
     if not path.startswith("$"):  # $PBS_O_WORKDIR/...: the server fills it in
         path = os.path.join(base, os.path.expanduser(path))
-    if _PATTERN.search(os.path.dirname(path)):
+    if re.search(_PATTERN, os.path.dirname(path)):
         return path  # the directory depends on the job: checked when it starts
     if path.endswith("/") or os.path.isdir(path):
         if not os.path.isdir(path):
@@ -324,7 +325,7 @@ def submit(spec: JobSpec, opts: SubmitOptions, prog: str) -> Submitted:
     """Send the job (only check it, with ``--test-only``); the notes (ours,
     then the server's) go to stderr."""
     from minibatch.cli import common
-    from minibatch.protocol.messages import Submit
+    from minibatch.protocol.submit import Submit
 
     reply: Submitted = common.call(Submit(spec=spec, test_only=bool(opts.test_only)))
     for line in [*opts.notes, *reply.notes]:

@@ -15,14 +15,16 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from minibatch.errors import InvalidArgument, RemoteError, Unavailable
 from minibatch.net.stream import HEADER, command_path
-from minibatch.protocol import decode, encode
-from minibatch.protocol.messages import Error, Message
+from minibatch.protocol import decode_reply, encode
+from minibatch.protocol.base import Error
 
 if TYPE_CHECKING:
-    import socket
+    import _socket
     from pathlib import Path
 
     import zmq
+
+    from minibatch.protocol.messages import Message
 
 #: Requests this large may have been dropped for their size: a timeout says so.
 LARGE_REQUEST = 1 << 20
@@ -97,7 +99,7 @@ class Client:
             ) from None
         self._wire.send(request)
         while True:
-            env = decode(self._wire.recv(len(request)))
+            env = decode_reply(self._wire.recv(len(request)))
             # A reply to an earlier call that timed out is passed over; an
             # error that names no request is about this one (the server could
             # not read its id, or refused its size).
@@ -137,12 +139,16 @@ class _Stream:
     def __init__(self, path: str, endpoint: str, timeout: float) -> None:
         self.path, self.endpoint, self.timeout = path, endpoint, timeout
         self._deadline = 0.0
-        self._sock: socket.socket | None = None
+        self._sock: _socket.socket | None = None
 
-    def _connect(self) -> socket.socket:
-        import socket
+    def _connect(self) -> _socket.socket:
+        # The C socket type that socket.socket wraps: the stdlib's socket
+        # module turns its constants into enums as it loads, and imports
+        # selectors, ~2 ms of a command (docs/benchmarks.md, "Commands").
+        # A connect, sends and receives need none of the wrapper.
+        import _socket
 
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         while True:
             try:

@@ -19,10 +19,15 @@ from typing import Any
 
 import msgspec
 
-from minibatch.core.job import Job, JobOptions, JobResult, JobSpec
+from minibatch.core.job import Job, JobOptions, JobResult
 from minibatch.core.reservation import Reservation
 from minibatch.core.snapshot import ClusterSnapshot
+
+# Ok, Error, Submit and Submitted live apart so that a command need not import
+# this module (see minibatch.protocol.submit); they are messages as the rest.
+from minibatch.protocol.base import Error as Error
 from minibatch.protocol.base import Msg
+from minibatch.protocol.base import Ok as Ok
 from minibatch.protocol.scheduling import (
     ApplyPlan,
     GetSnapshot,
@@ -31,18 +36,8 @@ from minibatch.protocol.scheduling import (
     SnapshotReply,
     Wake,
 )
-
-# ----------------------------------------------------------------- replies
-
-
-class Ok(Msg, frozen=True, kw_only=True, tag="ok"):
-    pass
-
-
-class Error(Msg, frozen=True, kw_only=True, tag="error"):
-    code: int
-    message: str
-
+from minibatch.protocol.submit import Submit as Submit
+from minibatch.protocol.submit import Submitted as Submitted
 
 # --------------------------------------------------------- client requests
 
@@ -62,22 +57,6 @@ class ServerStatus(Msg, frozen=True, kw_only=True, tag="server_status"):
     #: MQTT events: sent, pending (buffered), dropped (past the buffer's
     #: bound while the broker was away), connected (1 or 0).
     events: dict[str, int] = {}
-
-
-class Submit(Msg, frozen=True, kw_only=True, tag="submit"):
-    """-> Submitted. ``qsub``: one job, or one per index of ``spec.array``;
-    ``test_only``: every check, nothing queued (no ids)."""
-
-    spec: JobSpec
-    test_only: bool = False
-
-
-class Submitted(Msg, frozen=True, kw_only=True, tag="submitted"):
-    ids: list[int]
-    display: str
-    #: What the server changed or ignored and why (an unknown queue, say): one
-    #: line each, printed by qsub on stderr.
-    notes: list[str] = []
 
 
 class QueryJobs(Msg, frozen=True, kw_only=True, tag="query_jobs"):
@@ -534,3 +513,12 @@ Message = (
     | JobStarted
     | JobEnded
 )
+
+
+class Envelope(msgspec.Struct, frozen=True, array_like=True):
+    """A message as sent: ``{v, id, re, body}`` (:mod:`minibatch.protocol.codec`)."""
+
+    v: int
+    id: int
+    re: int
+    body: Message

@@ -65,6 +65,27 @@ def test_qsub_imports_neither_typer_nor_rich():
     assert out.stdout.strip() == "[]", out.stderr
 
 
+def test_a_submission_reads_and_writes_without_every_message():
+    # Creating every message class (~80 with the snapshot's) is ~1.5 ms of a
+    # qsub; what a submission sends and gets back needs three.
+    code = (
+        "import os, sys\n"
+        "from minibatch.cli.qsub import make_spec\n"
+        "from minibatch.protocol import decode_reply, encode\n"
+        "from minibatch.protocol.base import Error\n"
+        "from minibatch.protocol.submit import Submit, Submitted\n"
+        "spec, _ = make_spec(['--', 'true'], environ={}, workdir='/')\n"
+        "assert encode(Submit(spec=spec))\n"
+        "done = Submitted(ids=[7], display='7')\n"
+        "assert decode_reply(encode(done, re=1)).body == done\n"
+        "refused = Error(code=1, message='no')\n"
+        "assert decode_reply(encode(refused)).body == refused\n"
+        "print('minibatch.protocol.messages' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
 def test_registered_mb_qsub_keeps_double_dash_and_hold(monkeypatch):
     import typer
     from typer.testing import CliRunner

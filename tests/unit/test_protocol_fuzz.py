@@ -28,7 +28,7 @@ from minibatch.core.job import JobSpec
 from minibatch.errors import InvalidArgument, ProtocolError
 from minibatch.net.guard import peer_uid, shut_down
 from minibatch.net.ratelog import RateLimitedLog
-from minibatch.protocol import PROTOCOL_VERSION, decode, encode
+from minibatch.protocol import PROTOCOL_VERSION, decode, decode_reply, encode
 from minibatch.protocol.fields import check_spec_text
 from minibatch.protocol.messages import Message, QueryJobs, Submit
 from minibatch.server.submit import check_sizes
@@ -108,13 +108,20 @@ def messages() -> st.SearchStrategy[Any]:
 
 
 def decodes_or_refuses(frame: bytes) -> None:
-    """``decode`` may only return an envelope or raise ProtocolError."""
+    """``decode`` may only return an envelope or raise ProtocolError, and
+    ``decode_reply`` (a command's, one type of reply at a time) the same."""
     try:
         env = decode(frame)
     except ProtocolError as exc:
         assert "\n" not in str(exc) and len(str(exc)) < 400
+        with pytest.raises(ProtocolError) as by_tag:
+            decode_reply(frame)
+        assert str(by_tag.value) == str(exc)
     else:
         assert env.v == PROTOCOL_VERSION
+        # As bytes: a corrupted float may be a NaN, unequal to itself.
+        same = msgspec.msgpack.encode(decode_reply(frame))
+        assert same == msgspec.msgpack.encode(env)
 
 
 # ------------------------------------------------------------ round trips
@@ -129,6 +136,8 @@ def test_every_message_type_round_trips(cls: type, data: st.DataObject) -> None:
     env = decode(encode(msg, 7, 3))
     assert (env.v, env.id, env.re) == (PROTOCOL_VERSION, 7, 3)
     assert env.body == msg
+    reply = decode_reply(encode(msg, 7, 3))
+    assert (reply.v, reply.id, reply.re, reply.body) == (env.v, env.id, env.re, msg)
 
 
 # ------------------------------------------------------------ bad input
@@ -147,6 +156,8 @@ def test_truncated_encodings_are_protocol_errors(msg: Any, data: st.DataObject) 
     cut = data.draw(st.integers(min_value=0, max_value=len(frame) - 1))
     with pytest.raises(ProtocolError):
         decode(frame[:cut])
+    with pytest.raises(ProtocolError):
+        decode_reply(frame[:cut])
 
 
 @SETTINGS
