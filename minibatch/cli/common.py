@@ -14,7 +14,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from minibatch.core.job import MAX_NAME
@@ -129,6 +129,12 @@ def reporting(prog: str) -> Iterator[None]:
         yield
     except MinibatchError as exc:
         fail(prog, str(exc) or type(exc).__name__, exit_code(exc))
+    except BrokenPipeError:
+        # The reader went away (mb status | head -1): nothing to tell it, and
+        # the interpreter's last flush must not complain about it either.
+        with suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(ERROR_EXIT) from None
     except FileExistsError as exc:  # mkdir of an output directory that is a file
         fail(prog, f"{exc.filename}: exists and is not a directory", ERROR_EXIT)
     except NotADirectoryError as exc:

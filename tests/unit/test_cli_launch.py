@@ -60,3 +60,27 @@ def test_commands_import_msgspec_without_typing_extensions() -> None:
         "print(typing_extensions.__name__)\n"
     )
     assert output_of(probe).split() == ["False", "False", "True", "typing_extensions"]
+
+
+@pytest.mark.timeout(60)
+def test_a_reader_gone_is_not_an_error_message(tmp_path: Path) -> None:
+    """``mb status | head -1``: the output's reader closed its end; the command
+    stops without a word on stderr (it said "Broken pipe", found by a new-user
+    trial)."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # every write to the pipe fails: EPIPE
+    try:
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name("mb")), "status"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "MB_HOME": str(tmp_path)},
+            timeout=30,
+        )
+    finally:
+        os.close(write)
+    assert done.stderr == b"" and done.returncode != 0
