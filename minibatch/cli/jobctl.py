@@ -229,5 +229,24 @@ def qrls_main() -> None:
     common.script(qrls_command, "qrls", context_settings=CONTEXT_SETTINGS)
 
 
+#: What PBS's qalter also changes (``-W depend=``, ``-o``, ``-p``, ...), which
+#: minibatch's does not: refused naming what it changes, not "No such option".
+_QALTER_ELSEWHERE = frozenset(
+    ("-a", "-A", "-c", "-e", "-j", "-k", "-m", "-M", "-o", "-p", "-P", "-q", "-r")
+    + ("-S", "-u", "-v", "-W")
+)
+
+
 def qalter_main() -> None:
+    for arg in sys.argv[1:]:
+        if arg == "--":
+            break
+        if arg[:2] in _QALTER_ELSEWHERE:
+            common.fail(
+                "qalter",
+                f"{arg[:2]}: qalter changes a pending job's -N and -l walltime=/ncpus= "
+                "here (a running malleable job's ncpus too); for the rest, qdel "
+                "the job and submit it again",
+                common.USAGE_EXIT,
+            )
     common.script(qalter_command, "qalter", context_settings=CONTEXT_SETTINGS)

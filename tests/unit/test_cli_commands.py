@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -404,3 +405,21 @@ def test_qstat_u_without_a_name_is_a_usage_error(server):
     assert result.exit_code == 2
     assert result.stderr == "qstat: -u needs a user name, got ''\n"
     assert server.sent == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("option", ["-W", "-o", "-p", "-A"])
+def test_qalter_names_what_it_changes_for_pbs_options_it_does_not(option, tmp_path):
+    """PBS's qalter changes dependencies, paths, priority...: here a line says
+    what qalter changes, not click's "No such option" (found by a new-user
+    trial)."""
+    qalter = os.path.join(os.path.dirname(sys.executable), "qalter")
+    done = subprocess.run(
+        [qalter, option, "x", "8"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MB_HOME": str(tmp_path)},
+        timeout=20,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"qalter: {option}: qalter changes a pending job")
