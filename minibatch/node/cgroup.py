@@ -210,7 +210,9 @@ def remove_empty(home: str) -> None:
 class Cgroups:
     """The job cgroups of one node daemon, or the reason there are none."""
 
-    def __init__(self, node: str, home: str, pids_max: int = 0) -> None:
+    def __init__(
+        self, node: str, home: str, pids_max: int = 0, wanted: bool = True
+    ) -> None:
         self.name = f"minibatch-{node}-{home_tag(home)}"
         self.pids_max = pids_max
         self.v2 = False
@@ -220,6 +222,10 @@ class Cgroups:
         self._home: dict[str, Path] = {}
         self._mems = ""
         self.why_not = ""
+        if not wanted:
+            # Nothing created: a node told not to use them leaves no trace.
+            self.why_not = "turned off ([node] cgroups = false)"
+            return
         try:
             self._set_up()
         except OSError as exc:

@@ -138,10 +138,9 @@ class NodeDaemon:
             mapping,
             resize_signal=config.node.resize_signal,
         )
-        self.cgroups = Cgroups(name, str(paths.home), config.node.pids_max)
-        if not config.node.cgroups:
-            self.cgroups.why_not = "turned off ([node] cgroups = false)"
-            self.cgroups.bases.clear()
+        self.cgroups = Cgroups(
+            name, str(paths.home), config.node.pids_max, config.node.cgroups
+        )
         self.tracker = Tracker(
             self.launcher, config.node, self._report, cgroups=self.cgroups
         )

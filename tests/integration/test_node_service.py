@@ -26,6 +26,7 @@ import zmq.asyncio
 
 from minibatch.core.job import JobResult
 from minibatch.errors import ErrorCode
+from minibatch.node import cgroup
 from minibatch.protocol import decode, encode
 from minibatch.protocol.messages import (
     Error,
@@ -105,6 +106,8 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[FakeServer, Any, Path]]
                     child.kill()
             daemon.kill()
         daemon.wait()
+        # A killed daemon leaves its (empty) cgroups: removed as mb down would.
+        cgroup.remove_empty(str(home))
         server.sock.close(0)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(endpoint.removeprefix("ipc://"))
