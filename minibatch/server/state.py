@@ -27,17 +27,24 @@ from minibatch.core.job import (
     JobResult,
     JobSpec,
     JobState,
-    dependency_outcome,
     transition,
 )
 from minibatch.core.resize import refusal, start_limit
 from minibatch.core.snapshot import ClusterSnapshot, PendingView
 from minibatch.core.units import format_cpu_list
-from minibatch.errors import InfeasibleRequest, InvalidArgument, NotFound
+from minibatch.errors import InfeasibleRequest, InvalidArgument
 from minibatch.policy.base import mem_per_node
 from minibatch.protocol.messages import Kill, Launch, Message
 from minibatch.protocol.scheduling import Wake
-from minibatch.server import admission, booking, mail, malleable, requeue, views
+from minibatch.server import (
+    admission,
+    booking,
+    dependencies,
+    mail,
+    malleable,
+    requeue,
+    views,
+)
 from minibatch.server.acctlog import Pending
 from minibatch.server.history import UsageHistory
 from minibatch.server.listing import Listing
@@ -288,16 +295,7 @@ class ServerState:
             booking.check_advres(self, spec.advres, caller.user, spec.request)
         if qos != spec.qos:
             spec = msgspec.structs.replace(spec, qos=qos)
-        outcomes: list[bool | None] = []
-        for dep in spec.depends:
-            target = self.jobs.get(dep.job)
-            if target is not None:
-                outcomes.append(None)
-                continue
-            done = self.store.is_finished(dep.job)
-            if done is None:
-                raise NotFound(f"dependency on unknown job {dep.job}")
-            outcomes.append(dependency_outcome(dep, done.result))
+        outcomes = dependencies.outcomes(self, spec.depends)
         if test_only:
             return []
         now = self.clock()
@@ -318,7 +316,7 @@ class ServerState:
             self._set_pending_reason(job)
         if False in outcomes:
             for job in jobs:
-                self._cancel_unsatisfiable(job)
+                dependencies.cancel_unsatisfiable(self, job)
         self.changed()
         return jobs
 
@@ -331,7 +329,7 @@ class ServerState:
                 self.begin_waiting.discard(jid)
             elif (job.options.begin or 0.0) <= now:
                 self.begin_waiting.discard(jid)
-                self._dependency_update(job)
+                dependencies.update(self, job)
 
     def _set_pending_reason(self, job: Job) -> None:
         if job.state is JobState.HELD:
@@ -558,42 +556,4 @@ class ServerState:
         for dep_id in sorted(self.dependents.pop(job.id, ())):
             dependent = self.jobs.get(dep_id)
             if dependent is not None:
-                self._dependency_update(dependent)
-
-    def _dependency_update(self, job: Job) -> None:
-        outcomes: list[bool | None] = []
-        for dep in job.depends:
-            if dep.job in self.jobs:
-                outcomes.append(None)
-            else:
-                done = self.store.is_finished(dep.job)
-                if done is None:
-                    raise AssertionError(f"{dep.job} vanished")
-                outcomes.append(dependency_outcome(dep, done.result))
-        if False in outcomes:
-            self._cancel_unsatisfiable(job)
-        elif (
-            all(o is True for o in outcomes)
-            and job.state is JobState.WAITING
-            and (job.options.begin or 0.0) <= self.clock()
-        ):
-            self._move(job, JobState.QUEUED)
-            self.store.put_job(job)
-            self.record(job, "eligible", "dependencies satisfied")
-            self._set_pending_reason(job)
-        else:
-            self._set_pending_reason(job)
-
-    def _cancel_unsatisfiable(self, job: Job) -> None:
-        failed = [
-            f"{d.kind}:{d.job}"
-            for d in job.depends
-            if d.job not in self.jobs
-            and (done := self.store.is_finished(d.job)) is not None
-            and dependency_outcome(d, done.result) is False
-        ]
-        self._finish(
-            job,
-            JobResult.CANCELLED,
-            comment=f"dependency can never be satisfied ({', '.join(failed)})",
-        )
+                dependencies.update(self, dependent)
