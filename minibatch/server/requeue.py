@@ -110,7 +110,11 @@ def end_as_reported(
     comment: str | None = None,
 ) -> None:
     """End ``job`` as its node reported, with another result or comment when
-    the server knows better."""
+    the server knows better. A job the server was ending (``qdel``) keeps why,
+    with what its node adds ("cancelled by qdel; 2 leftover process(es)
+    killed")."""
+    if comment is None and job.state is JobState.EXITING and job.comment:
+        comment = "; ".join(c for c in (job.comment, ended.comment) if c)
     state.job_ended(
         job,
         ended.result if result is None else result,
