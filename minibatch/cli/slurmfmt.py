@@ -82,6 +82,7 @@ _REASON_PREFIXES = (
     ("not backfilled", "Priority"),
     ("blocked by QOS", "QOSMaxJobsPerUserLimit"),
     ("blocked: fairshare cap", "AssocGrpCPUMinutesLimit"),
+    ("array limit", "JobArrayTaskLimit"),
 )
 #: How a finished job ended -> the reason Slurm gives it.
 _END_REASONS = {

@@ -497,6 +497,7 @@ class ServerState:
             blocked = self.qos.reason(job.user, job.qos)
             if not self.queues.started(job.queue):
                 blocked = f"queue {job.queue} is stopped (started = false)"
+            blocked = blocked or views.array_limit_reason(self, job)
             if blocked:
                 job.reason, job.predicted_start = blocked, None
 

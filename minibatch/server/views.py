@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from minibatch.core.job import ACTIVE_STATES, Job, limit_of
+from minibatch.core.job import ACTIVE_STATES, Job, JobState, limit_of
 from minibatch.core.snapshot import ClusterSnapshot, PendingView, RunningView
 from minibatch.errors import InvalidArgument, NotFound
 from minibatch.policy.base import mem_per_node
@@ -122,6 +122,24 @@ def _within_array_limits(
                 room[task_of] = left - 1
             out.append(p)
     return tuple(out)
+
+
+def array_limit_reason(state: ServerState, job: Job) -> str:
+    """Why ``job``, a queued array task, waits for its array's ``%N`` limit
+    (:func:`_within_array_limits` leaves it out of the scheduler's queue), or ""."""
+    array = job.array_id
+    limit = None if array is None else state.array_limits.get(array)
+    if array is None or limit is None:
+        return ""
+    ahead = 0
+    for jid in state.arrays.get(array, ()):
+        other = state.jobs[jid]
+        ahead += other.state in ACTIVE_STATES or (
+            other.state is JobState.QUEUED and jid < job.id
+        )
+    if ahead < limit:
+        return ""
+    return f"array limit: at most {limit} tasks of {array}[] run at once"
 
 
 def select(state: ServerState, selector: str, *, finished: bool = True) -> list[Job]:

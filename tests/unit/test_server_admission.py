@@ -233,3 +233,24 @@ def test_an_empty_command_is_refused_at_submission(state: ServerState, argv):
     with pytest.raises(InvalidArgument, match="empty command"):
         state.submit(msgspec.structs.replace(spec(), argv=argv), ME)
     assert not state.jobs
+
+
+def test_array_tasks_over_the_limit_say_so(state: ServerState):
+    """``-t 1-4%2``: the tasks the limit holds back name it (squeue:
+    JobArrayTaskLimit), not "waiting for the scheduler" (found by a new-user
+    trial); the first ones within it do not."""
+    from minibatch.cli.slurmfmt import reason_code
+
+    tasks = state.submit(
+        spec(array=[1, 2, 3, 4], options=JobOptions(array_limit=2)), ME
+    )
+    assert state.start(tasks[0].id, ("n0",)) is None
+    for task in tasks[1:]:
+        state.explain(task)
+    assert "array limit" not in tasks[1].reason
+    for task in tasks[2:]:
+        assert (
+            task.reason
+            == f"array limit: at most 2 tasks of {task.array_id}[] run at once"
+        )
+        assert reason_code(task) == "JobArrayTaskLimit"
