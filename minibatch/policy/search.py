@@ -182,8 +182,9 @@ class Search:
     ) -> tuple[float, list[int]] | None:
         """:meth:`earliest` for several nodes: a sweep over time. Each node
         looked at gets its first stretch of possible starts from the sweep's
-        time on, ``[first, last]``; the sweep moves to the next stretch's
-        first start and stops at the first time that ``nodes`` stretches hold
+        time on, ``[first, last]`` (``last`` found only once the sweep
+        reaches ``first``); the sweep moves to the next stretch's first start
+        and stops at the first time that ``nodes`` stretches hold
         (every node that may start then has been looked at: first fit). Nodes
         come in by bound, and a node is searched again only when the sweep
         passes its stretch."""
@@ -192,10 +193,9 @@ class Search:
         nodes = self.prof.nodes
         order, values, seen = bounds.order, bounds.values, bounds.seen
         changes = self.prof.changes
-        # (first start, node, 0 from ``order`` or -1 once searched),
-        # the stretches found: node -> last start, and those that hold ``t``.
+        # (first start, node, 0 from ``order`` or -1 once searched), and the
+        # stretches that hold ``t``: node -> last start.
         queue: list[tuple[float, int, int]] = []
-        last: dict[int, float] = {}
         holding: dict[int, float] = {}
         raised = False
         p, t = 0, after
@@ -221,13 +221,16 @@ class Search:
                             if nb < INF:
                                 heappush(queue, (nb, i, at))
                             continue
-                if at < 0 and last[i] >= t:
-                    holding[i] = last[i]
-                    continue
-                self._stretch(node, i, need, w, t, queue, last, holding)
+                if at < 0:
+                    # Its stretch starts now: only now is its end worth finding.
+                    end = node.latest(need, w, lb)
+                    if end >= t:
+                        holding[i] = end
+                        continue
+                self._stretch(node, i, need, w, t, queue, holding)
             for i in [i for i, end in holding.items() if end < t]:
                 del holding[i]
-                self._stretch(nodes[i], i, need, w, t, queue, last, holding)
+                self._stretch(nodes[i], i, need, w, t, queue, holding)
             if len(holding) >= count:
                 break
             nxt = min(
@@ -250,7 +253,6 @@ class Search:
         w: float,
         t: float,
         queue: list[tuple[float, int, int]],
-        last: dict[int, float],
         holding: dict[int, float],
     ) -> None:
         """Find node ``i``'s first stretch of starts from ``t`` on: it holds
@@ -258,9 +260,8 @@ class Search:
         first = node.start(need, w, t)
         if first == INF:
             return
-        last[i] = node.latest(need, w, first)
         if first == t:
-            holding[i] = last[i]
+            holding[i] = node.latest(need, w, first)
         else:
             heappush(queue, (first, i, -1))
 
