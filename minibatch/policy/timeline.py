@@ -144,13 +144,17 @@ class Timeline:
         """Add (negative: take) resources at change points ``lo`` to ``hi - 1``."""
         if cpus:
             cpu = self.cpu
-            cpu[lo:hi] = [v + cpus for v in cpu[lo:hi]]
-            times = self.times
-            if times[lo] < self._lo:
-                self._lo = times[lo]
-            t = times[hi] if hi < len(times) else INF
-            if t > self._hi:
-                self._hi = t
+            before = cpu[lo:hi]
+            after = cpu[lo:hi] = [v + cpus for v in before]
+            # Holes change only where a point's last free CPU goes or comes
+            # back: most takes leave a CPU free (and the holes as they are).
+            if before and min(after if cpus < 0 else before) <= 0:
+                times = self.times
+                if times[lo] < self._lo:
+                    self._lo = times[lo]
+                t = times[hi] if hi < len(times) else INF
+                if t > self._hi:
+                    self._hi = t
         free = self.mem
         if mem and free is not None:
             free[lo:hi] = [v + mem for v in free[lo:hi]]
