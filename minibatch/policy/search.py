@@ -267,7 +267,7 @@ class Search:
 
     def _bounds(self, relaxed: Need, w: float, after: float) -> tuple[_Bounds, float]:
         """The bounds for ``relaxed`` (one node's CPUs, memory rounded down to a
-        power of 16, no GPUs) for ``w`` rounded down to a power of two, and
+        power of 16 or none, no GPUs) for ``w`` rounded down to a power of two, and
         that walltime. They are kept per (CPUs, memory, walltime) for the whole
         pass when searched from now: a pass only ever takes resources, so an
         earliest start can only move later and a bound, once true, stays true.
