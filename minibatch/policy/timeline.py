@@ -216,20 +216,14 @@ class Timeline:
         to find where a node it gave up on may start. One method, no helper per
         hole: it runs hundreds of thousands of times a pass."""
         ppn, mem, gpus = need
-        times, cpu = self.times, self.cpu
-        free = self.mem if mem else None
-        gpu = None
-        if gpus:
-            gpu = self.gpu
-            if gpu is None:
-                return INF
+        if gpus and self.gpu is None:
+            return INF
         if ppn < 1:  # needs no CPU: the whole timeline is one hole
-            starts, ends = [times[0]], [INF]
+            starts, ends = [self.times[0]], [INF]
         else:
             if self._lo < INF:
                 self._settle()
             starts, ends = self.starts, self.ends
-        dip = self.dip
         for h in range(bisect_right(ends, x), len(starts)):
             a = starts[h]
             if a < x:
@@ -239,9 +233,13 @@ class Timeline:
             if last < a:
                 continue
             if a > limit:
-                return a
+                return a  # most walks of a search end here, past the best
             if last > limit:
                 last = limit
+            # Only now the change points (a walk past the limit skips this).
+            times, cpu, dip = self.times, self.cpu, self.dip
+            free = self.mem if mem else None
+            gpu = self.gpu if gpus else None
             k = bisect_right(times, a) - 1
             stop = bisect_left(times, end_of_hole, k)
             while True:
