@@ -349,6 +349,8 @@ class Profile:
         hi = len(node.times) if end == INF else node.point(end)
         if search is not None:
             self.changes[i] += 1
+            if mem and (cpus >= 0 or -mem > search.spare * -cpus):
+                search.spare = 0.0  # more memory per CPU than the bounds assume
         node.add(lo, hi, cpus, mem, gpus)
         if cpus < 0 or mem < 0 or gpus < 0:
             dip = -1.0 if start is None else start

@@ -19,6 +19,14 @@ time)". Per node the answer is :meth:`Profile.next_start
   again from the bound only when it comes up (and only as far as the best
   start found so far: past it, the node cannot win), and the search stops when
   no node left can start before the answer so far.
+* **memory out of the bounds when it cannot decide**: where every change
+  point with a free CPU has at least ``spare`` memory free per free CPU, a job
+  asking at most ``spare`` per CPU finds memory wherever it finds CPUs, so its
+  bounds are those of its CPUs alone: the same bounds in fewer tables, each
+  used more often, hence fresher. Jobs rarely ask more memory per CPU than a
+  node has, so ``spare`` usually holds for a whole pass; a take of more per
+  CPU (or of memory alone, or anything given back) sets it to 0, and bounds
+  keep memory from then on.
 
 Several nodes: the answer is the ``nodes``-th smallest of the nodes' own
 earliest starts, if that many nodes can start at that very time; else the
@@ -49,46 +57,68 @@ def _floor16(n: int) -> int:
     return 1 << ((n.bit_length() - 1) // 4 * 4) if n > 0 else 0
 
 
+def _spare(nodes: Sequence[Timeline]) -> float:
+    """The least memory free per free CPU at any change point with a free CPU
+    (INF if none; nodes without memory figures have all they need)."""
+    spare = INF
+    for node in nodes:
+        mem = node.mem
+        if mem is not None:
+            for c, m in zip(node.cpu, mem, strict=True):
+                if c > 0 and m < spare * c:
+                    spare = m / c
+    return spare
+
+
 class _Bounds:
-    """The bounds of one relaxed job: per node, and as (bound, node) pairs in
-    order (nodes that can never hold it left out); per node, the profile's
-    count of its changes when its bound was made (another count: stale)."""
+    """The bounds of one relaxed job: per node, and the nodes by bound (those
+    that can never hold it left out; equal bounds in no set order); per node,
+    the profile's count of its changes when its bound was made (another
+    count: stale)."""
 
     __slots__ = ("seen", "values", "order")
 
     def __init__(self, seen: list[int], values: list[float]) -> None:
         self.seen = seen
         self.values = values
-        self.order = sorted((b, i) for i, b in enumerate(values) if b < INF)
+        self.order = [i for i, b in enumerate(values) if b < INF]
+        self.settle()
 
     def settle(self) -> None:
         """Sort ``order`` again after bounds were raised in place (searches
-        raise them as they go, and sort once at the end)."""
-        order = self.order
-        order.sort()
-        while order and order[-1][0] == INF:
+        raise them as they go, and sort once at the end). Node numbers sorted
+        by a key: a third faster than sorting (bound, node) pairs."""
+        order, values = self.order, self.values
+        order.sort(key=values.__getitem__)
+        while order and values[order[-1]] == INF:
             order.pop()
 
 
 class Search:
     """The earliest-start searches of one profile, in one pass."""
 
-    __slots__ = ("prof", "_cache")
+    __slots__ = ("prof", "_cache", "spare")
 
     def __init__(self, prof: Profile) -> None:
         self.prof = prof
         self._cache: dict[tuple[int, int, int], _Bounds] = {}
+        #: Memory free per free CPU, at least, at every change point with a
+        #: free CPU (kept true by :meth:`Profile.add
+        #: <minibatch.policy.profile.Profile.add>`, or 0).
+        self.spare = _spare(prof.nodes)
 
     def forget(self) -> None:
         """Drop every bound (resources came back: they may be too late)."""
         self._cache.clear()
+        self.spare = 0.0
 
     def earliest(
         self, shape: Shape, w: float, after: float
     ) -> tuple[float, list[int]] | None:
         """The earliest time ``>= after`` at which ``shape`` fits for ``w``, with
         the nodes (first fit at that time); None if it never does."""
-        relaxed = (shape[1], _floor16(shape[2]), 0)
+        _, ppn, mem, _ = shape
+        relaxed = (ppn, 0 if mem <= self.spare * ppn else _floor16(mem), 0)
         bounds, span = self._bounds(relaxed, w, after)
         if shape[0] == 1:
             return self._one(shape, w, after, relaxed, span, bounds)
@@ -104,9 +134,9 @@ class Search:
         bounds: _Bounds,
     ) -> tuple[float, list[int]] | None:
         """:meth:`earliest` for one node: the smallest start, ties to the first
-        node. Nodes come up by (bound, node) until none can beat the best so
-        far; a stale bound is brought up to date first (searching no further
-        than the best: beyond it the node cannot win, and its bound becomes the
+        node. Nodes come up by bound until none can beat the best so far; a
+        stale bound is brought up to date first (searching no further than
+        the best: beyond it the node cannot win, and its bound becomes the
         lower bound that search ends on, still stale)."""
         nodes = self.prof.nodes
         _, ppn, mem, gpus = shape
@@ -115,14 +145,17 @@ class Search:
         changes = self.prof.changes
         best, where = INF, len(values)
         raised = False
-        for p, (b, i) in enumerate(order):
-            if b > best or (b == best and i > where):
-                break
+        for i in order:
+            b = values[i]
+            if b >= best:
+                if b > best:
+                    break
+                if i > where:
+                    continue  # it could only tie, on a later node
             node = nodes[i]
             if seen[i] != changes[i]:
                 nb = node.start(relaxed, span, b, best)
                 if nb != b:
-                    order[p] = (nb, i)
                     values[i] = nb
                     raised = True
                 if nb > best:
@@ -149,8 +182,9 @@ class Search:
     ) -> tuple[float, list[int]] | None:
         """:meth:`earliest` for several nodes: a sweep over time. Each node
         looked at gets its first stretch of possible starts from the sweep's
-        time on, ``[first, last]``; the sweep moves to the next stretch's
-        first start and stops at the first time that ``nodes`` stretches hold
+        time on, ``[first, last]`` (``last`` found only once the sweep
+        reaches ``first``); the sweep moves to the next stretch's first start
+        and stops at the first time that ``nodes`` stretches hold
         (every node that may start then has been looked at: first fit). Nodes
         come in by bound, and a node is searched again only when the sweep
         passes its stretch."""
@@ -159,17 +193,17 @@ class Search:
         nodes = self.prof.nodes
         order, values, seen = bounds.order, bounds.values, bounds.seen
         changes = self.prof.changes
-        # (first start, node, its position in ``order`` or -1 once searched),
-        # the stretches found: node -> last start, and those that hold ``t``.
+        # (first start, node, 0 from ``order`` or -1 once searched), and the
+        # stretches that hold ``t``: node -> last start.
         queue: list[tuple[float, int, int]] = []
-        last: dict[int, float] = {}
         holding: dict[int, float] = {}
         raised = False
         p, t = 0, after
         while True:
             while True:
-                if p < len(order) and order[p][0] <= t:
-                    heappush(queue, (order[p][0], order[p][1], p))
+                if p < len(order) and values[order[p]] <= t:
+                    i = order[p]
+                    heappush(queue, (values[i], i, 0))
                     p += 1
                     continue
                 if not queue or queue[0][0] > t:
@@ -181,24 +215,27 @@ class Search:
                     if nb <= t:
                         seen[i] = changes[i]
                     if nb != lb:
-                        order[at] = (nb, i)
                         values[i] = nb
                         raised = True
                         if nb > t:
                             if nb < INF:
                                 heappush(queue, (nb, i, at))
                             continue
-                if at < 0 and last[i] >= t:
-                    holding[i] = last[i]
-                    continue
-                self._stretch(node, i, need, w, t, queue, last, holding)
+                if at < 0:
+                    # Its stretch starts now: only now is its end worth finding.
+                    end = node.latest(need, w, lb)
+                    if end >= t:
+                        holding[i] = end
+                        continue
+                self._stretch(node, i, need, w, t, queue, holding)
             for i in [i for i, end in holding.items() if end < t]:
                 del holding[i]
-                self._stretch(nodes[i], i, need, w, t, queue, last, holding)
+                self._stretch(nodes[i], i, need, w, t, queue, holding)
             if len(holding) >= count:
                 break
             nxt = min(
-                queue[0][0] if queue else INF, order[p][0] if p < len(order) else INF
+                queue[0][0] if queue else INF,
+                values[order[p]] if p < len(order) else INF,
             )
             if nxt == INF:
                 t = INF
@@ -216,7 +253,6 @@ class Search:
         w: float,
         t: float,
         queue: list[tuple[float, int, int]],
-        last: dict[int, float],
         holding: dict[int, float],
     ) -> None:
         """Find node ``i``'s first stretch of starts from ``t`` on: it holds
@@ -224,15 +260,14 @@ class Search:
         first = node.start(need, w, t)
         if first == INF:
             return
-        last[i] = node.latest(need, w, first)
         if first == t:
-            holding[i] = last[i]
+            holding[i] = node.latest(need, w, first)
         else:
             heappush(queue, (first, i, -1))
 
     def _bounds(self, relaxed: Need, w: float, after: float) -> tuple[_Bounds, float]:
         """The bounds for ``relaxed`` (one node's CPUs, memory rounded down to a
-        power of 16, no GPUs) for ``w`` rounded down to a power of two, and
+        power of 16 or none, no GPUs) for ``w`` rounded down to a power of two, and
         that walltime. They are kept per (CPUs, memory, walltime) for the whole
         pass when searched from now: a pass only ever takes resources, so an
         earliest start can only move later and a bound, once true, stays true.

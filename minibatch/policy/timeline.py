@@ -144,13 +144,17 @@ class Timeline:
         """Add (negative: take) resources at change points ``lo`` to ``hi - 1``."""
         if cpus:
             cpu = self.cpu
-            cpu[lo:hi] = [v + cpus for v in cpu[lo:hi]]
-            times = self.times
-            if times[lo] < self._lo:
-                self._lo = times[lo]
-            t = times[hi] if hi < len(times) else INF
-            if t > self._hi:
-                self._hi = t
+            before = cpu[lo:hi]
+            after = cpu[lo:hi] = [v + cpus for v in before]
+            # Holes change only where a point's last free CPU goes or comes
+            # back: most takes leave a CPU free (and the holes as they are).
+            if before and min(after if cpus < 0 else before) <= 0:
+                times = self.times
+                if times[lo] < self._lo:
+                    self._lo = times[lo]
+                t = times[hi] if hi < len(times) else INF
+                if t > self._hi:
+                    self._hi = t
         free = self.mem
         if mem and free is not None:
             free[lo:hi] = [v + mem for v in free[lo:hi]]
@@ -212,20 +216,14 @@ class Timeline:
         to find where a node it gave up on may start. One method, no helper per
         hole: it runs hundreds of thousands of times a pass."""
         ppn, mem, gpus = need
-        times, cpu = self.times, self.cpu
-        free = self.mem if mem else None
-        gpu = None
-        if gpus:
-            gpu = self.gpu
-            if gpu is None:
-                return INF
+        if gpus and self.gpu is None:
+            return INF
         if ppn < 1:  # needs no CPU: the whole timeline is one hole
-            starts, ends = [times[0]], [INF]
+            starts, ends = [self.times[0]], [INF]
         else:
             if self._lo < INF:
                 self._settle()
             starts, ends = self.starts, self.ends
-        dip = self.dip
         for h in range(bisect_right(ends, x), len(starts)):
             a = starts[h]
             if a < x:
@@ -235,9 +233,13 @@ class Timeline:
             if last < a:
                 continue
             if a > limit:
-                return a
+                return a  # most walks of a search end here, past the best
             if last > limit:
                 last = limit
+            # Only now the change points (a walk past the limit skips this).
+            times, cpu, dip = self.times, self.cpu, self.dip
+            free = self.mem if mem else None
+            gpu = self.gpu if gpus else None
             k = bisect_right(times, a) - 1
             stop = bisect_left(times, end_of_hole, k)
             while True:

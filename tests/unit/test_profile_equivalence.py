@@ -183,10 +183,8 @@ def _profiles(caps, releases):
     return out
 
 
-@settings(max_examples=300, deadline=None)
-@given(sessions())
-def test_searches_match_the_reference_between_placements(session):
-    caps, releases, ops = session
+def _replay(caps, releases, ops) -> tuple[Profile, ReferenceProfile]:
+    """Ask and place ``ops`` in both profiles; they must answer alike."""
     product, reference = _profiles(caps, releases)
     plain = product.plain
     for count, ppn, mem, gpus, w, how in ops:
@@ -208,3 +206,56 @@ def test_searches_match_the_reference_between_placements(session):
                     p.add(i, t, t + w, -shape[1], -shape[2], -shape[3], len(ops))
     for i in range(len(caps)):
         assert product.segments(i) == reference.segments(i)
+    return product, reference
+
+
+@settings(max_examples=300, deadline=None)
+@given(sessions())
+def test_searches_match_the_reference_between_placements(session):
+    _replay(*session)
+
+
+@st.composite
+def proportional(draw: st.DrawFn):
+    """Nodes with 4 units of memory per CPU, free and given back as much per
+    CPU; jobs asking up to 4 per CPU (memory cannot decide: the bounds leave
+    it out), and now and then 5 (from then on it may, and the bounds keep it)."""
+    count = draw(st.integers(2, 8))
+    caps = [(c, 4 * c, None) for c in (draw(st.integers(1, 8)) for _ in range(count))]
+    releases = [
+        [
+            (float(draw(st.integers(0, 200))), c, 4 * c, 0)
+            for c in (draw(st.integers(1, 4)) for _ in range(draw(st.integers(0, 4))))
+        ]
+        for _ in range(count)
+    ]
+    ops = []
+    for _ in range(draw(st.integers(1, 60))):
+        ppn = draw(st.integers(1, 8))
+        per_cpu = draw(st.sampled_from((0, 1, 2, 4, 4, 4, 4, 4, 4, 5)))
+        ops.append(
+            (
+                draw(st.integers(1, 3)),
+                ppn,
+                per_cpu * ppn,
+                0,
+                draw(st.integers(1, 120)),
+                draw(st.integers(0, 4)),
+            )
+        )
+    return caps, releases, ops
+
+
+@settings(max_examples=300, deadline=None)
+@given(proportional())
+def test_searches_match_the_reference_when_memory_cannot_decide(session):
+    _replay(*session)
+
+
+def test_memory_leaves_the_bounds_only_while_no_take_asks_more_per_cpu():
+    caps = [(4, 16, None), (2, 8, None)]
+    product, _ = _replay(caps, [[(50.0, 4, 16, 0)], []], [(1, 4, 16, 0, 100, 1)] * 3)
+    search = product._search
+    assert search is not None and search.spare == 4  # 16 per 4 CPUs free
+    product.add(1, 10.0, 20.0, -1, -5, 0)  # 5 per CPU: memory may now decide
+    assert search.spare == 0
