@@ -117,15 +117,38 @@ def parse_depend(text: str) -> list[Dependency]:
 
 
 def parse_env_list(text: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """``A=1,B=2,C`` -> variables; a bare name takes its value from ``environ``."""
+    """``A=1,B=2,C`` -> variables; a bare name takes its value from ``environ``.
+
+    A value in quotes may hold commas, as PBS Pro documents it (``qsub -v
+    "A='x,y',B=1"``): the quotes go, the commas stay."""
     out: dict[str, str] = {}
-    for item in text.split(","):
+    for item in _comma_items(text):
         name, sep, value = item.partition("=")
         name = name.strip()
         if not re.match(_ENV_NAME, name):
             raise InvalidArgument(f"malformed variable {item!r} in {text!r}")
+        if len(value) >= 2 and value[0] in "'\"" and value[-1] == value[0]:
+            value = value[1:-1]
         out[name] = value if sep else environ.get(name, "")
     return out
+
+
+def _comma_items(text: str) -> list[str]:
+    """``text`` cut at the commas outside quotes; at every comma when a quote
+    is left open (``A=it's,B=2``: an apostrophe, not a quote)."""
+    items, start, quote = [], 0, ""
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == ",":
+            items.append(text[start:i])
+            start = i + 1
+    if quote:
+        return text.split(",")
+    items.append(text[start:])
+    return items
 
 
 def _at(now: float, year: int, month: int, day: int, h: int, m: int, s: int) -> float:

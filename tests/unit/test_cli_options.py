@@ -9,7 +9,12 @@ import time
 import pytest
 
 from minibatch.cli.directives import Context, parse_directives
-from minibatch.cli.optvalues import parse_depend, parse_pbs_date, parse_slurm_begin
+from minibatch.cli.optvalues import (
+    parse_depend,
+    parse_env_list,
+    parse_pbs_date,
+    parse_slurm_begin,
+)
 from minibatch.cli.qsub import make_spec
 from minibatch.cli.sbatch import make_spec as sbatch_spec
 from minibatch.cli.submission import to_request
@@ -244,3 +249,18 @@ def test_slurm_memory_options_are_one_request(tmp_path):
     )
     assert made is not None
     assert made[0].request.mem_kb == 2 * 100 * 1024
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("C='p,q',D=1,E", {"C": "p,q", "D": "1", "E": "from-env"}),  # PBS Pro's way
+        ('C="p,q"', {"C": "p,q"}),
+        ("A=it's,B=2", {"A": "it's", "B": "2"}),  # an apostrophe, not a quote
+        ("A=1,B=", {"A": "1", "B": ""}),
+    ],
+)
+def test_variable_values_in_quotes_may_hold_commas(text, want):
+    """qsub -v / sbatch --export values with commas, quoted (found by a
+    new-user trial: they were refused as malformed)."""
+    assert parse_env_list(text, {"E": "from-env"}) == want
