@@ -62,19 +62,13 @@ its own CPUS_PER_TASK of the job's CPUs, and wait for them all.
 """
 
 
-def task_cpus(
-    cpus: list[int], ntasks: int, per_task: int, nodes: int = 1
-) -> list[list[int]]:
-    """Each task's CPUs: consecutive blocks of the job's on this node (of its
-    ``nodes``), in order."""
+def task_cpus(cpus: list[int], ntasks: int, per_task: int) -> list[list[int]]:
+    """Each task's CPUs: consecutive blocks of the job's (all its nodes' cores:
+    they are this machine's), in order."""
     if ntasks * per_task > len(cpus):
-        held = f"the job holds {len(cpus)}"
-        if nodes > 1:
-            # Its other nodes' CPUs are held too, but tasks start here only.
-            held = f"the job holds {len(cpus)} on this node, the first of its {nodes}"
         raise InvalidArgument(
             f"more processors requested than permitted: {ntasks} tasks of "
-            f"{per_task} CPUs, and {held} (srun starts every task on this node)"
+            f"{per_task} CPUs, and the job holds {len(cpus)}"
         )
     return [cpus[i * per_task : (i + 1) * per_task] for i in range(ntasks)]
 
@@ -130,8 +124,7 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
     ntasks = _count(opts.get("ntasks") or environ.get("SLURM_NTASKS", "1"), "--ntasks")
     default_per_task = environ.get("SLURM_CPUS_PER_TASK", "1")
     per_task = _count(opts.get("cpus-per-task") or default_per_task, "--cpus-per-task")
-    nodes = _count(environ.get("SLURM_JOB_NUM_NODES") or "1", "SLURM_JOB_NUM_NODES")
-    blocks = task_cpus(sorted(os.sched_getaffinity(0)), ntasks, per_task, nodes)
+    blocks = task_cpus(sorted(os.sched_getaffinity(0)), ntasks, per_task)
     workdir = opts.get("chdir") or None
     label = "label" in opts
     procs: list[subprocess.Popen[bytes]] = []

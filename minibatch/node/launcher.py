@@ -269,8 +269,8 @@ def slurm_extras(
         env["SLURM_CPUS_PER_TASK"] = str(opts.cpus_per_task)
     if opts.tasks_per_node:
         env["SLURM_NTASKS_PER_NODE"] = str(opts.tasks_per_node)
-    if spec.mem_kb:
-        env["SLURM_MEM_PER_NODE"] = str(spec.mem_kb // 1024)
+    if spec.mem_kb:  # what the job holds on each of its nodes
+        env["SLURM_MEM_PER_NODE"] = str(spec.mem_kb // max(1, len(spec.hosts)) // 1024)
     if spec.account:
         env["SLURM_JOB_ACCOUNT"] = spec.account
     if spec.gpus:
@@ -318,6 +318,11 @@ class Launcher:
         self._sweeper = ThreadPoolExecutor(1, thread_name_prefix="spool-sweeper")
         self._sweeps: dict[int, Future[None]] = {}
 
+    def job_cores(self, spec: LaunchSpec) -> list[int]:
+        """The real cores the job runs on: its CPUs here and on its other
+        nodes (cores of this machine too)."""
+        return sorted({*self.physical_cpus(spec.cpus), *spec.other_cores})
+
     def physical_cpus(self, cpus: list[int]) -> list[int]:
         """The real cores behind the node CPUs ``cpus`` (fewer when some of
         them share a core)."""
@@ -334,7 +339,7 @@ class Launcher:
         :meth:`.cgroup.Cgroups.inside`)."""
         self.swept(spec.job)  # a rerun must not lose its new files to the sweep
         ident = resolve_identity(spec, self._euid)
-        cpus = self.physical_cpus(spec.cpus)
+        cpus = self.job_cores(spec)
         if not cpus:
             raise LaunchError("the job was given no CPUs")
         try:

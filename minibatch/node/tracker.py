@@ -230,7 +230,7 @@ class Tracker(Supervisor):
                 requeue=True,
             )
             return
-        cpus = self.launcher.physical_cpus(spec.cpus)
+        cpus = self.launcher.job_cores(spec)
         # A rerun's cgroup has the same name as the one its last run's end
         # is still removing.
         self.launcher.swept(spec.job)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from minibatch.core.job import Job, eligible_since, limit_of
@@ -13,9 +14,17 @@ from minibatch.protocol.scheduling import ApplyPlan
 
 if TYPE_CHECKING:
     from minibatch.server.booking import PolicyChoice
+    from minibatch.server.nodes import Node
 
 
-def launch_spec(job: Job) -> LaunchSpec:
+def launch_spec(job: Job, nodes: Mapping[str, Node]) -> LaunchSpec:
+    """The launch order of ``job`` for its first node (``nodes``: the
+    cluster's, for the real cores behind its CPUs on the others)."""
+    others: set[int] = set()
+    for a in job.alloc[1:]:
+        node = nodes.get(a.node)
+        real = node.real_cpus if node is not None else {}
+        others.update(real.get(c, c) for c in a.cpus)
     return LaunchSpec(
         job=job.id,
         display_id=job.display_id,
@@ -33,7 +42,7 @@ def launch_spec(job: Job) -> LaunchSpec:
         cpus=job.alloc[0].cpus,
         hosts=[a.node for a in job.alloc],
         walltime=math.ceil(limit_of(job)),
-        mem_kb=mem_per_node(job.request),
+        mem_kb=_mem_here(job),
         array_id=job.array_id,
         array_index=job.array_index,
         malleable=job.request.malleable is not None,
@@ -42,7 +51,15 @@ def launch_spec(job: Job) -> LaunchSpec:
         account=job.account,
         gpus=job.alloc[0].gpus,
         reruns=job.reruns,
+        other_cores=sorted(others),
     )
+
+
+def _mem_here(job: Job) -> int | None:
+    """The memory the job holds on this machine: its nodes' together (all its
+    processes run on its first node, with every node's CPUs)."""
+    per_node = mem_per_node(job.request)
+    return None if per_node is None else per_node * max(1, len(job.alloc))
 
 
 def pass_event(

@@ -486,7 +486,8 @@ class ServerState:
         self.store.put_job(job)
         where = " ".join(f"{a.node}/{format_cpu_list(a.cpus)}" for a in allocs)
         self.record(job, "started", where)
-        self.outbox.append((self.route(allocs[0].node), Launch(spec=launch_spec(job))))
+        spec = launch_spec(job, self.nodes.nodes)
+        self.outbox.append((self.route(allocs[0].node), Launch(spec=spec)))
         self.generation += 1
         return None
 

@@ -63,6 +63,41 @@ def test_job_is_in_its_own_cgroups_and_cannot_widen_its_cpus(
     assert f"nofile {soft}\n" in out, (out, soft)
 
 
+def test_a_job_on_two_nodes_runs_with_both_cores_and_srun_uses_them(
+    cluster: ClusterFactory,
+) -> None:
+    """The nodes are cores of one machine: a job given a CPU on each of two
+    1-CPU nodes runs its script with both, so ``srun -n 2`` of an ordinary
+    Slurm script runs (it refused: 'the job holds 1'; found by a new-user
+    trial), each task on a core of its own, and the memory of both nodes is the
+    job's limit here."""
+    c = cluster(nodes=2, cpus_per_node=1)
+    cores = sorted(n.cpus[0] for n in c.layout)
+    body = (
+        "#SBATCH -n 2 --mem=64M\n"
+        "grep Cpus_allowed_list /proc/self/status\n"
+        "echo mem $SLURM_MEM_PER_NODE\n"
+        "cat /sys/fs/cgroup/memory$(grep -E ':memory:' /proc/self/cgroup"
+        " | cut -d: -f3)/memory.limit_in_bytes\n"
+        f"{BIN / 'srun'} -l grep Cpus_allowed_list /proc/self/status\n"
+    )
+    path = c.work / "two.sh"
+    path.write_text("#!/bin/sh\n" + body)
+    jid = c.run("sbatch", "--parsable", "-o", "two.out", str(path)).stdout.strip()
+    record = c.wait_state(jid, "completed")
+    out = (c.work / "two.out").read_text()
+    assert sorted(a["node"] for a in record["alloc"]) == ["node0", "node1"], record
+    both = ",".join(str(core) for core in cores)
+    assert f"Cpus_allowed_list:\t{both}" in out.replace("-", ","), out
+    # --mem spread with the tasks: half on each node, the whole of it here.
+    assert f"mem {record['mem_kb'] // 2 // 1024}\n" in out, out
+    assert f"\n{record['mem_kb'] * 1024}\n" in out, out
+    tasks = sorted(
+        line.split("\t")[-1] for line in out.splitlines() if ": Cpus" in line
+    )
+    assert tasks == [str(core) for core in cores], out
+
+
 def test_memory_limit_is_hard_and_counts_shm_and_memfd(
     cluster: ClusterFactory,
 ) -> None:

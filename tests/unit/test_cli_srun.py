@@ -18,10 +18,6 @@ def test_task_cpus_are_blocks_of_the_jobs():
     assert task_cpus([4, 5, 6, 7], 2, 2) == [[4, 5], [6, 7]]
     with pytest.raises(InvalidArgument, match="more processors requested"):
         task_cpus([0, 1], 3, 1)
-    with pytest.raises(
-        InvalidArgument, match="holds 1 on this node, the first of its 2"
-    ):
-        task_cpus([0], 2, 1, nodes=2)
 
 
 def test_outside_a_job_srun_refuses():
