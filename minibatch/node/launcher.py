@@ -269,8 +269,9 @@ def slurm_extras(
         env["SLURM_CPUS_PER_TASK"] = str(opts.cpus_per_task)
     if opts.tasks_per_node:
         env["SLURM_NTASKS_PER_NODE"] = str(opts.tasks_per_node)
-    if spec.mem_kb:  # what the job holds on each of its nodes
-        env["SLURM_MEM_PER_NODE"] = str(spec.mem_kb // max(1, len(spec.hosts)) // 1024)
+    if spec.mem_kb:  # what it holds on each node (mem_kb: all of its nodes here)
+        nodes_here = len(spec.hosts) if spec.other_cores else 1
+        env["SLURM_MEM_PER_NODE"] = str(spec.mem_kb // nodes_here // 1024)
     if spec.account:
         env["SLURM_JOB_ACCOUNT"] = spec.account
     if spec.gpus:

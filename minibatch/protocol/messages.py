@@ -379,7 +379,8 @@ class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
     cpus: list[int]
     hosts: list[str]
     walltime: int
-    #: The memory the job holds here: every one of its nodes' (see ``other_cores``).
+    #: The memory the job holds here: that of every node in ``other_cores``
+    #: too (a job spanning hosts: this node's alone).
     mem_kb: int | None
     array_id: int | None = None
     array_index: int | None = None
@@ -392,8 +393,8 @@ class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
     account: str = ""
     gpus: list[int] = []
     reruns: int = 0
-    #: The real cores of the job's CPUs on its other nodes: they are cores of
-    #: this machine too, so a job on several nodes runs with all of them here.
+    #: The real cores of the job's CPUs on its other nodes, when they all run
+    #: on this machine: a job on several nodes runs with all of them here.
     other_cores: list[int] = []
 
 

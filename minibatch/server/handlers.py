@@ -329,7 +329,7 @@ def node_hello(
     msg: NodeHello,
 ) -> Message:
     need_daemon(ctx, caller)
-    liveness.hello(state, msg, ident)
+    liveness.hello(state, msg, ident, remote=caller is not None and caller.remote)
     return Ok()
 
 

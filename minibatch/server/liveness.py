@@ -30,7 +30,10 @@ def _jobs_on(state: ServerState, node: Node) -> set[int]:
     return set(node.used.values())
 
 
-def hello(state: ServerState, msg: NodeHello, route: bytes) -> None:
+def hello(
+    state: ServerState, msg: NodeHello, route: bytes, remote: bool = False
+) -> None:
+    """A node daemon says hello (``remote``: over tcp, from another host)."""
     now = state.clock()
     node = state.nodes.nodes.get(msg.name)
     restarted = node is not None and node.pid is not None and node.pid != msg.pid
@@ -48,6 +51,7 @@ def hello(state: ServerState, msg: NodeHello, route: bytes) -> None:
     node.misses = {}
     node.stopping, node.trouble = False, ""
     node.enforcement, node.real_cpus = msg.enforcement, msg.real_cpus
+    node.remote = remote
     state.store.put_node(node)
     reported = set(msg.running)
     for jid in sorted(_jobs_on(state, node)):

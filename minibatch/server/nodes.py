@@ -36,6 +36,8 @@ class Node(msgspec.Struct, kw_only=True):
     shared_cpus: list[int] = []
     #: CPU id -> real core when the CPUs are virtual (told by the node).
     real_cpus: dict[int, int] = {}
+    #: Its daemon runs on another host (tcp): its cores are not this machine's.
+    remote: bool = False
     offline: bool = False
     comment: str = ""
     pid: int | None = None

@@ -19,12 +19,15 @@ if TYPE_CHECKING:
 
 def launch_spec(job: Job, nodes: Mapping[str, Node]) -> LaunchSpec:
     """The launch order of ``job`` for its first node (``nodes``: the
-    cluster's, for the real cores behind its CPUs on the others)."""
+    cluster's). A job whose nodes all run on this machine runs there with the
+    real cores and the memory of all of them; one that spans hosts, with its
+    first node's."""
+    here = [nodes.get(a.node) for a in job.alloc]
+    together = all(n is not None and not n.remote for n in here)
     others: set[int] = set()
-    for a in job.alloc[1:]:
-        node = nodes.get(a.node)
-        real = node.real_cpus if node is not None else {}
-        others.update(real.get(c, c) for c in a.cpus)
+    for a, node in zip(job.alloc[1:], here[1:], strict=True):
+        if together and node is not None:
+            others.update(node.real_cpus.get(c, c) for c in a.cpus)
     return LaunchSpec(
         job=job.id,
         display_id=job.display_id,
@@ -42,7 +45,7 @@ def launch_spec(job: Job, nodes: Mapping[str, Node]) -> LaunchSpec:
         cpus=job.alloc[0].cpus,
         hosts=[a.node for a in job.alloc],
         walltime=math.ceil(limit_of(job)),
-        mem_kb=_mem_here(job),
+        mem_kb=_mem_here(job, len(job.alloc) if together else 1),
         array_id=job.array_id,
         array_index=job.array_index,
         malleable=job.request.malleable is not None,
@@ -55,11 +58,11 @@ def launch_spec(job: Job, nodes: Mapping[str, Node]) -> LaunchSpec:
     )
 
 
-def _mem_here(job: Job) -> int | None:
-    """The memory the job holds on this machine: its nodes' together (all its
-    processes run on its first node, with every node's CPUs)."""
+def _mem_here(job: Job, nodes: int) -> int | None:
+    """The memory of ``nodes`` of the job's nodes (all its processes run on
+    its first node, with those nodes' CPUs)."""
     per_node = mem_per_node(job.request)
-    return None if per_node is None else per_node * max(1, len(job.alloc))
+    return None if per_node is None else per_node * max(1, nodes)
 
 
 def pass_event(

@@ -319,3 +319,23 @@ def test_a_qdel_keeps_its_reason_beside_what_the_node_adds(server_state: ServerS
     )
     requeue.end_as_reported(server_state, job, ended)
     assert job.comment == "cancelled by qdel (alice); 2 leftover process(es) killed"
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_job_on_two_nodes_of_this_machine_launches_with_both(
+    server_state: ServerState, remote: bool
+):
+    """Its first node gets the other node's real cores and both nodes'
+    memory; a job reaching a node on another host (tcp) gets its first node's
+    alone (those cores are not this machine's)."""
+    server_state.nodes.nodes["n1"].real_cpus = {2: 0, 3: 1}  # virtual CPUs
+    server_state.nodes.nodes["n1"].remote = remote
+    request = JobRequest(nodes=2, ppn=1, mem_kb=4096)
+    (job,) = server_state.submit(
+        JobSpec(name="j", workdir="/tmp", request=request, argv=["true"]), ME
+    )
+    assert server_state.start(job.id, ("n0", "n1")) is None
+    (launch,) = [m for _, m in server_state.outbox if isinstance(m, Launch)]
+    # 4096 kb for the job: 2048 on each node, both here when both are local.
+    assert launch.spec.other_cores == ([] if remote else [0])
+    assert launch.spec.mem_kb == (2048 if remote else 4096)
