@@ -312,6 +312,7 @@ class Launcher:
         self.resize_signal = resize_signal
         self.signal = signal_named(resize_signal)
         self._euid = os.geteuid()
+        self._allowed = os.sched_getaffinity(0)
         spool.mkdir(mode=0o755, parents=True, exist_ok=True)
         # Removing a job's files waits on the file system (an rmdir on ext4
         # blocks ~1-2 ms), time the event loop would not be answering the
@@ -321,8 +322,10 @@ class Launcher:
 
     def job_cores(self, spec: LaunchSpec) -> list[int]:
         """The real cores the job runs on: its CPUs here and on its other
-        nodes (cores of this machine too)."""
-        return sorted({*self.physical_cpus(spec.cpus), *spec.other_cores})
+        nodes (cores of this machine too), as far as this daemon may use
+        them (one started with a narrower affinity cannot lend more)."""
+        others = self._allowed.intersection(spec.other_cores)
+        return sorted(others.union(self.physical_cpus(spec.cpus)))
 
     def physical_cpus(self, cpus: list[int]) -> list[int]:
         """The real cores behind the node CPUs ``cpus`` (fewer when some of
