@@ -62,6 +62,16 @@ its own CPUS_PER_TASK of the job's CPUs, and wait for them all.
 """
 
 
+def job_slots(environ: Mapping[str, str]) -> list[int]:
+    """The real core behind each of the job's CPUs: its cores (all its nodes',
+    this machine's), in turn, as many times as it holds CPUs (``$PBS_NP``):
+    virtual CPUs of an oversubscribed layout share cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    held = environ.get("PBS_NP", "")
+    count = int(held) if held.isdigit() and int(held) > 0 else len(cores)
+    return [cores[i % len(cores)] for i in range(max(count, len(cores)))]
+
+
 def task_cpus(cpus: list[int], ntasks: int, per_task: int) -> list[list[int]]:
     """Each task's CPUs: consecutive blocks of the job's (all its nodes' cores:
     they are this machine's), in order."""
@@ -124,7 +134,7 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
     ntasks = _count(opts.get("ntasks") or environ.get("SLURM_NTASKS", "1"), "--ntasks")
     default_per_task = environ.get("SLURM_CPUS_PER_TASK", "1")
     per_task = _count(opts.get("cpus-per-task") or default_per_task, "--cpus-per-task")
-    blocks = task_cpus(sorted(os.sched_getaffinity(0)), ntasks, per_task)
+    blocks = task_cpus(job_slots(environ), ntasks, per_task)
     workdir = opts.get("chdir") or None
     label = "label" in opts
     procs: list[subprocess.Popen[bytes]] = []

@@ -181,6 +181,7 @@ def job_options(opts: SubmitOptions) -> JobOptions:
         cpus_per_task=opts.cpus_per_task or 0,
         tasks_per_node=opts.tasks_per_node or 0,
         array_limit=opts.array_limit or 0,
+        mem_per_node=opts.mem_per_node_kb is not None,
         # Slurm's -n without -N (or a node count), Torque's procs=: the tasks
         # go on as many nodes as they need.
         spread=bool(opts.spread)

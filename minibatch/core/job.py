@@ -179,6 +179,9 @@ class JobOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     #: Its CPUs may be spread over several nodes when no node has them all
     #: (Slurm's ``-n`` without ``-N``, Torque's ``procs=``).
     spread: bool = False
+    #: Its memory was asked per node (sbatch ``--mem``): spread over more
+    #: nodes, the job gets as much again on each.
+    mem_per_node: bool = False
     #: ``%N`` in an array range: at most N of its tasks run at once.
     array_limit: int = 0
     #: ``-P`` (PBS Pro): the project; the accounting group when no ``-A``.

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from minibatch.core.job import Dependency, JobRequest, JobSpec
+from minibatch.core.job import Dependency, JobOptions, JobRequest, JobSpec
 from minibatch.errors import (
     InfeasibleRequest,
     InvalidArgument,
@@ -34,7 +34,7 @@ def admit(
     request = msgspec.structs.replace(spec.request, walltime=walltime)
     options = spec.options
     if options.spread:
-        request = _spread(state, request, options.cpus_per_task or 1, notes)
+        request = _spread(state, request, options, notes)
     features = _features(state, options.features, notes)
     if features != options.features:
         options = msgspec.structs.replace(options, features=features)
@@ -64,10 +64,12 @@ def admit(
 
 
 def _spread(
-    state: ServerState, request: JobRequest, per_task: int, notes: list[str]
+    state: ServerState, request: JobRequest, options: JobOptions, notes: list[str]
 ) -> JobRequest:
     """Tasks that no one node holds, over as few nodes as hold them (whole
-    tasks per node), as Slurm places ``-n`` and Torque ``procs=``."""
+    tasks per node), as Slurm places ``-n`` and Torque ``procs=``; memory
+    asked per node (``--mem``) is asked on each of them."""
+    per_task = options.cpus_per_task or 1
     biggest = max((len(n.cpus) for n in state.nodes.nodes.values()), default=0)
     room = biggest // per_task * per_task
     if request.nodes != 1 or request.ppn <= biggest or room == 0:
@@ -76,7 +78,10 @@ def _spread(
     nodes = -(-request.ppn // room)
     ppn = -(-tasks // nodes) * per_task
     notes.append(f"{request.ppn} CPUs: spread over {nodes} nodes of {ppn} CPUs")
-    return msgspec.structs.replace(request, nodes=nodes, ppn=ppn)
+    mem = request.mem_kb
+    if mem is not None and options.mem_per_node:
+        mem *= nodes
+    return msgspec.structs.replace(request, nodes=nodes, ppn=ppn, mem_kb=mem)
 
 
 def _features(state: ServerState, asked: list[str], notes: list[str]) -> list[str]:

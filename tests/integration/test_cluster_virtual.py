@@ -97,6 +97,23 @@ def test_a_job_is_told_its_virtual_cpus_and_runs_on_their_cores(
     assert f"exec_host = {'+'.join(f'{node.name}/{cpu}' for cpu in cpus)}" in full
 
 
+def test_srun_runs_every_task_of_a_job_on_more_cpus_than_cores(
+    cluster: ClusterFactory,
+) -> None:
+    """``sbatch -n 6 --wrap 'srun ...'`` where the job's 6 CPUs are virtual:
+    all 6 tasks run, sharing the cores behind them (srun refused, counting
+    cores; found by a new-user trial)."""
+    c = virtual_cluster(cluster)
+    srun = Path(sys.executable).with_name("srun")
+    wrap = f"{srun} -l sh -c 'grep Cpus_allowed_list /proc/self/status'"
+    jid = c.run("sbatch", "--parsable", "-n", "6", "-o", "six.out", "--wrap", wrap)
+    c.wait_state(jid.stdout.strip(), "completed")
+    lines = (c.work / "six.out").read_text().splitlines()
+    assert sorted(line.split(":")[0] for line in lines) == [str(i) for i in range(6)]
+    used = {int(line.rsplit("\t", 1)[-1]) for line in lines}
+    assert used == set(CORES[:6]), lines
+
+
 def test_pbsnodes_and_mb_status_say_the_cpus_are_virtual(
     cluster: ClusterFactory,
 ) -> None:

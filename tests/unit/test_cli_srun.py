@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from minibatch.cli.srun import run, task_cpus
+from minibatch.cli.srun import job_slots, run, task_cpus
 from minibatch.errors import InvalidArgument
 
 SRUN = [sys.executable, "-c", "from minibatch.cli.srun import main; main()"]
@@ -52,3 +52,14 @@ def test_status_is_the_highest_of_the_tasks():
     assert failing.returncode == 3
     killed = subprocess.run([*SRUN, "sh", "-c", "kill -TERM $$"], env=env, check=False)
     assert killed.returncode == 143
+
+
+def test_virtual_cpus_share_the_cores_behind_them():
+    """An oversubscribed layout's job holds more CPUs ($PBS_NP) than it has
+    cores: srun -n $SLURM_NTASKS runs, tasks sharing cores in turn (found by a
+    new-user trial: it refused)."""
+    cores = sorted(os.sched_getaffinity(0))
+    slots = job_slots({"PBS_NP": str(3 * len(cores))})
+    assert slots == cores * 3
+    assert job_slots({}) == cores == job_slots({"PBS_NP": "x"})
+    assert len(task_cpus(slots, 3 * len(cores), 1)) == 3 * len(cores)

@@ -224,6 +224,14 @@ def test_tasks_spread_over_nodes_when_no_node_holds_them(state: ServerState):
     assert (fits.request.nodes, fits.request.ppn) == (1, 2)  # one node holds it
     with pytest.raises(InfeasibleRequest):
         state.submit(spec(request=JobRequest(ppn=4)), ME)  # -N 1 -n 4: no
+    # sbatch -n 4 --mem=100M: Slurm's --mem is per node, on each of the two;
+    # Torque's procs=4,mem=100mb is the whole job's, split over them.
+    per_node = JobOptions(spread=True, ntasks=4, mem_per_node=True)
+    mb100 = JobRequest(ppn=4, mem_kb=100 << 10)
+    (slurm,) = state.submit(spec(request=mb100, options=per_node), ME)
+    (torque,) = state.submit(spec(request=mb100, options=spread), ME)
+    assert (slurm.request.nodes, slurm.request.mem_kb) == (2, 200 << 10)
+    assert (torque.request.nodes, torque.request.mem_kb) == (2, 100 << 10)
 
 
 @pytest.mark.parametrize("argv", [[], [""], ["", "x"]])
