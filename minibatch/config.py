@@ -19,7 +19,7 @@ import msgspec
 from minibatch.core import usage
 from minibatch.core.units import parse_duration
 from minibatch.errors import InvalidArgument
-from minibatch.homedir import CONFIG_NAME, default_endpoint, home_dir
+from minibatch.homedir import CONFIG_NAME, default_endpoint, env_server, home_dir
 
 
 # A Struct, not a dataclass: importing dataclasses brings in inspect (~6 ms of
@@ -399,11 +399,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     def client_endpoint(self, paths: Paths) -> str:
         """Where this host's commands reach the server: ``$MB_SERVER``, else
         ``[client] server`` (another host's ``tcp://``), else the local socket."""
-        return (
-            os.environ.get("MB_SERVER")
-            or self.client.server
-            or self.server_endpoint(paths)
-        )
+        return env_server() or self.client.server or self.server_endpoint(paths)
 
     def node_named(self, name: str) -> NodeConfig:
         for node in self.nodes:

@@ -29,6 +29,19 @@ def default_endpoint(home: str) -> str:
     return f"ipc://{os.path.join(home, 'run', 'server.sock')}"
 
 
+def env_server() -> str:
+    """``$MB_SERVER`` ("" when unset); InvalidArgument names a value that is
+    no endpoint (a bare path or a name would reach ZeroMQ as one)."""
+    value = os.environ.get("MB_SERVER", "")
+    if value and not value.startswith(("ipc://", "tcp://")):
+        from minibatch.errors import InvalidArgument
+
+        raise InvalidArgument(
+            f"MB_SERVER {value!r} is not an endpoint (ipc://PATH or tcp://HOST:PORT)"
+        )
+    return value
+
+
 def client_endpoint() -> str:
     """Where this host's commands reach the server of ``$MB_HOME``:
     :meth:`minibatch.config.Config.client_endpoint` of its configuration, or
@@ -37,7 +50,7 @@ def client_endpoint() -> str:
     try:
         os.stat(os.path.join(home, CONFIG_NAME))
     except FileNotFoundError:
-        return os.environ.get("MB_SERVER") or default_endpoint(home)
+        return env_server() or default_endpoint(home)
     except OSError:
         pass  # unreadable: load() names the file and why
     from minibatch.config import Paths, load

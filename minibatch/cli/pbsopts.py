@@ -56,7 +56,7 @@ _RESOURCE_NOTES = {
     "partition": "Moab partitions: use -q for a queue",
     "flags": "no Moab flags", "nice": "jobs run at the node's priority",
     "mpiprocs": "MPI ranks are placed by the MPI launcher",
-    "ompthreads": "OMP_NUM_THREADS is the job's CPU count",
+    "ompthreads": "OMP_NUM_THREADS is the job's CPU count on its node",
     "mppwidth": "Cray ALPS: use nodes=/ncpus= here",
     "mppnppn": "Cray ALPS: use nodes=/ncpus= here",
     "mppdepth": "Cray ALPS: use nodes=/ncpus= here",

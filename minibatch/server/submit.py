@@ -145,7 +145,7 @@ def check_spec(spec: JobSpec) -> None:
         )
     if (spec.script is None) == (spec.argv is None):
         raise InvalidArgument("a job needs exactly one of a script or a command")
-    if spec.argv is not None and not (spec.argv and spec.argv[0]):
+    if spec.argv is not None and not (spec.argv and spec.argv[0].strip()):
         raise InvalidArgument("empty command")
     if not os.path.isabs(spec.workdir):
         raise InvalidArgument(

@@ -83,3 +83,12 @@ def test_a_command_reaches_its_server_without_pathlib_or_socket(
     said, imported = output_of(probe).splitlines()
     assert said.startswith("no minibatch server at ipc://"), said
     assert imported == "[]"
+
+
+@pytest.mark.parametrize("value", ["bogus", "/tmp/x.sock", "server:5555"])
+def test_an_mb_server_that_is_no_endpoint_is_one_clear_error(monkeypatch, value):
+    """MB_SERVER=bogus reached ZeroMQ and every command ended in a traceback
+    (found by a new-user trial)."""
+    monkeypatch.setenv("MB_SERVER", value)
+    with pytest.raises(InvalidArgument, match=f"MB_SERVER {value!r} is not an"):
+        homedir.client_endpoint()

@@ -234,7 +234,7 @@ def test_tasks_spread_over_nodes_when_no_node_holds_them(state: ServerState):
     assert (torque.request.nodes, torque.request.mem_kb) == (2, 100 << 10)
 
 
-@pytest.mark.parametrize("argv", [[], [""], ["", "x"]])
+@pytest.mark.parametrize("argv", [[], [""], ["", "x"], ["  "], ["\t"]])
 def test_an_empty_command_is_refused_at_submission(state: ServerState, argv):
     """``qsub -- ''`` is refused in one line, not queued to fail at its start
     with 'Permission denied' (found by a new-user trial)."""
