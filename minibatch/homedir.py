@@ -21,7 +21,11 @@ def home_dir() -> str:
     against the current directory as ``Path.absolute`` does (``..`` is kept:
     across a symbolic link it is not the same as dropping a component)."""
     home = os.path.expanduser(os.environ.get("MB_HOME") or "~/.minibatch")
-    return home if os.path.isabs(home) else os.path.join(os.getcwd(), home)
+    if not os.path.isabs(home):
+        home = os.path.join(os.getcwd(), home)
+    # As pathlib spells it: no "." parts, no repeated or trailing "/" (the
+    # same socket path whichever module a command or a daemon found it with).
+    return "/" + "/".join(p for p in home.split("/") if p and p != ".")
 
 
 def default_endpoint(home: str) -> str:

@@ -14,7 +14,9 @@ from minibatch.errors import InvalidArgument
 from tests.unit.fresh_python import output_of
 
 
-@pytest.mark.parametrize("home", ["", "/abs/h", "/abs/h/", "rel/../h", "~/x", "~"])
+@pytest.mark.parametrize(
+    "home", ["", "/abs/h", "/abs/h/", "rel/../h", "~/x", "~", "./h", "a//b/./c/"]
+)
 def test_the_home_is_the_one_paths_has(
     home: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -22,7 +24,7 @@ def test_the_home_is_the_one_paths_has(
     monkeypatch.setenv("HOME", "/users/me")
     monkeypatch.setenv("MB_HOME", home)
     paths = Paths.from_env()
-    assert Path(homedir.home_dir()) == paths.home
+    assert homedir.home_dir() == str(paths.home)
     monkeypatch.delenv("MB_SERVER", raising=False)
     assert homedir.client_endpoint() == load(paths).client_endpoint(paths)
 
