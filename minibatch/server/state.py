@@ -76,6 +76,8 @@ class ServerState:
         self.dependents: dict[int, set[int]] = {}
         self.next_id = store.next_id()
         self.generation = 0
+        #: Array id -> (generation, running tasks, queued task ids): reasons.
+        self.array_counts: dict[int, tuple[int, int, list[int]]] = {}
         # Facts about connections, not stored: a failed commit's rollback keeps
         # them (rollback.restore lists them; a new one belongs there too).
         self.scheduler: bytes | None = None
@@ -181,6 +183,7 @@ class ServerState:
                 if not tasks:
                     del self.arrays[job.array_id]
                     self.array_limits.pop(job.array_id, None)
+                    self.array_counts.pop(job.array_id, None)
 
     def _move(self, job: Job, to: JobState) -> str:
         """:func:`transition`, keeping the queue and the active set in step."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -131,15 +132,29 @@ def array_limit_reason(state: ServerState, job: Job) -> str:
     limit = None if array is None else state.array_limits.get(array)
     if array is None or limit is None:
         return ""
-    ahead = 0
-    for jid in state.arrays.get(array, ()):
-        other = state.jobs[jid]
-        ahead += other.state in ACTIVE_STATES or (
-            other.state is JobState.QUEUED and jid < job.id
-        )
-    if ahead < limit:
+    active, queued = _array_counts(state, array)
+    if active + bisect.bisect_left(queued, job.id) < limit:
         return ""
     return f"array limit: at most {limit} tasks of {array}[] run at once"
+
+
+def _array_counts(state: ServerState, array: int) -> tuple[int, list[int]]:
+    """The array's running tasks and its queued ones' ids in order, counted
+    once per state generation: a listing explains every task of an array, and
+    counting per task would be quadratic (100,000 tasks)."""
+    cached = state.array_counts.get(array)
+    if cached is not None and cached[0] == state.generation:
+        return cached[1], cached[2]
+    active, queued = 0, []
+    for jid in state.arrays.get(array, ()):
+        other = state.jobs[jid]
+        if other.state in ACTIVE_STATES:
+            active += 1
+        elif other.state is JobState.QUEUED:
+            queued.append(jid)
+    queued.sort()
+    state.array_counts[array] = (state.generation, active, queued)
+    return active, queued
 
 
 def select(state: ServerState, selector: str, *, finished: bool = True) -> list[Job]:
