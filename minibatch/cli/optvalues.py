@@ -134,19 +134,26 @@ def parse_env_list(text: str, environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def _comma_items(text: str) -> list[str]:
-    """``text`` cut at the commas outside quotes; at every comma when a quote
-    is left open (``A=it's,B=2``: an apostrophe, not a quote)."""
-    items, start, quote = [], 0, ""
-    for i, ch in enumerate(text):
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == ",":
+    """``text`` cut at its commas, but not inside a value in quotes: a quote
+    right after ``=`` that closes right before a comma or the end
+    (``A='x,y'``). Any other quote is a character (``MSG=don't``)."""
+    items, start, i = [], 0, 0
+    while i < len(text):
+        ch = text[i]
+        if ch in "'\"" and i > 0 and text[i - 1] == "=":
+            close = i + 1
+            while True:
+                close = text.find(ch, close)
+                if close < 0 or close + 1 == len(text) or text[close + 1] == ",":
+                    break
+                close += 1
+            if close > 0:
+                i = close + 1
+                continue
+        if ch == ",":
             items.append(text[start:i])
             start = i + 1
-    if quote:
-        return text.split(",")
+        i += 1
     items.append(text[start:])
     return items
 

@@ -63,13 +63,16 @@ its own CPUS_PER_TASK of the job's CPUs, and wait for them all.
 
 
 def job_slots(environ: Mapping[str, str]) -> list[int]:
-    """The real core behind each of the job's CPUs: its cores (all its nodes',
-    this machine's), in turn, as many times as it holds CPUs (``$PBS_NP``):
-    virtual CPUs of an oversubscribed layout share cores."""
+    """The real core behind each CPU the job runs with here: its cores (those
+    its other nodes lent included), in turn, as many times as its node says
+    it has CPUs here (``$MB_JOB_SLOTS``): the virtual CPUs of an
+    oversubscribed layout share cores. A malleable job's CPUs are its cores
+    now (a resize changes them, not the variable)."""
     cores = sorted(os.sched_getaffinity(0))
-    held = environ.get("PBS_NP", "")
-    count = int(held) if held.isdigit() and int(held) > 0 else len(cores)
-    return [cores[i % len(cores)] for i in range(max(count, len(cores)))]
+    held = environ.get("MB_JOB_SLOTS", "")
+    if not held.isdigit() or "MB_CPUSET_FILE" in environ:
+        return cores
+    return [cores[i % len(cores)] for i in range(max(int(held), len(cores)))]
 
 
 def task_cpus(cpus: list[int], ntasks: int, per_task: int) -> list[list[int]]:

@@ -55,10 +55,13 @@ WRITE_TIMEOUT = 10.0
 def _cork(sock: Any, on: bool) -> socket.socket | None:
     """Hold back (``on``) or push out what is written to a TCP ``sock``; the
     socket when that worked (None for another kind of socket, or none)."""
-    if not isinstance(sock, socket.socket) or sock.family == socket.AF_UNIX:
+    cork = getattr(socket, "TCP_CORK", None)  # Linux's
+    if cork is None or not isinstance(sock, socket.socket):
+        return None
+    if sock.family == socket.AF_UNIX:
         return None
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, int(on))
+        sock.setsockopt(socket.IPPROTO_TCP, cork, int(on))
     except OSError:
         return None
     return sock

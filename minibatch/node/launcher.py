@@ -38,6 +38,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from minibatch.core.units import format_cpu_list
 from minibatch.malleable import signal_named
 from minibatch.net.limits import give_back
@@ -177,8 +179,12 @@ def job_environment(
     env.setdefault("PATH", DEFAULT_PATH)
     hosts = spec.hosts or [node]
     ncpus = str(len(cpus))
+    # The CPUs the job runs with here: its other nodes' too when they lent
+    # their cores (srun starts that many tasks at most).
+    slots = len(cpus) * (len(hosts) if spec.other_cores else 1)
     env.update(
         MB_JOBID=spec.display_id,
+        MB_JOB_SLOTS=str(slots),
         MB_CPUS=ncpus,
         MB_CPU_LIST=",".join(map(str, cpus)),
         MB_NODE=node,
@@ -320,12 +326,20 @@ class Launcher:
         self._sweeper = ThreadPoolExecutor(1, thread_name_prefix="spool-sweeper")
         self._sweeps: dict[int, Future[None]] = {}
 
+    def lent(self, spec: LaunchSpec) -> LaunchSpec:
+        """``spec`` as this node runs it: with the cores (and memory) its
+        other nodes lend, when this daemon may use them all; else its own
+        alone (a daemon started with a narrower affinity cannot give more)."""
+        if not spec.other_cores or self._allowed.issuperset(spec.other_cores):
+            return spec
+        nodes = max(1, len(spec.hosts))
+        mem = None if spec.mem_kb is None else spec.mem_kb // nodes
+        return msgspec.structs.replace(spec, other_cores=[], mem_kb=mem)
+
     def job_cores(self, spec: LaunchSpec) -> list[int]:
         """The real cores the job runs on: its CPUs here and on its other
-        nodes (cores of this machine too), as far as this daemon may use
-        them (one started with a narrower affinity cannot lend more)."""
-        others = self._allowed.intersection(spec.other_cores)
-        return sorted(others.union(self.physical_cpus(spec.cpus)))
+        nodes (cores of this machine too; see :meth:`lent`)."""
+        return sorted(set(spec.other_cores).union(self.physical_cpus(spec.cpus)))
 
     def physical_cpus(self, cpus: list[int]) -> list[int]:
         """The real cores behind the node CPUs ``cpus`` (fewer when some of

@@ -249,6 +249,7 @@ class NodeDaemon:
             running=self._claimed(),
             enforcement=self.cgroups.describe(),
             real_cpus=self.real_cpus,
+            lends=True,
         )
 
     async def _call(self, body: Message) -> bool:

@@ -91,6 +91,8 @@ class Supervisor:
         self.config = config
         self._on_report = on_report
         self._exclusive = exclusive
+        #: Root: no job can move its processes out of its cgroup.
+        self._root = os.geteuid() == 0
         self._own = Ownership(launcher.node, launcher.home)
         #: Job id -> the run (``LaunchSpec.reruns``) that ended here last.
         self._finished: OrderedDict[int, int] = OrderedDict()
@@ -203,12 +205,15 @@ class Supervisor:
         self._kill_pids(run, tree, table, signal.SIGKILL)
 
     def _may_remain(self, run: Run) -> bool:
-        if run.cg is not None:
+        if run.cg is not None and run.cg.procs():
+            return True
+        if run.cg is not None and self._root:
             # Nothing the job started can leave its cgroup (only root moves
             # processes, and the job's own session cannot be joined from
             # outside): an empty one is the whole answer, without a look at
-            # /proc.
-            return bool(run.cg.procs())
+            # /proc. Not so under a daemon of the job's own user (delegated
+            # cgroup v2): the job may move itself up the tree.
+            return False
         try:
             os.killpg(run.pid, 0)
             return True  # the group lives (or its id was reused): look closer

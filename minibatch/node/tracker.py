@@ -217,6 +217,7 @@ class Tracker(Supervisor):
     def launch(self, spec: LaunchSpec) -> None:
         """Start ``spec``; a job already running or recently ended is ignored
         (unless this is a later run of it: ``qrerun``)."""
+        spec = self.launcher.lent(spec)
         ended = self._finished.get(spec.job, -1)
         if spec.job in self._own.jobs or ended >= spec.reruns:
             log.info("job %s: launch repeated, ignored", spec.display_id)

@@ -339,6 +339,9 @@ class NodeHello(Msg, frozen=True, kw_only=True, tag="node_hello"):
     #: CPU id -> the real core that runs it, when the node's CPUs are virtual
     #: (``mb up --oversubscribe``); empty when each id is its own core.
     real_cpus: dict[int, int] = {}
+    #: It runs a job of several nodes with the cores ``LaunchSpec.other_cores``
+    #: names (an older node does not: it is sent none).
+    lends: bool = False
 
 
 class JobUsage(msgspec.Struct, frozen=True, array_like=True):

@@ -51,12 +51,14 @@ def hello(
     node.misses = {}
     node.stopping, node.trouble = False, ""
     node.enforcement, node.real_cpus = msg.enforcement, msg.real_cpus
-    node.remote = remote
+    node.remote, node.lends = remote, msg.lends
     state.store.put_node(node)
     reported = set(msg.running)
     for jid in sorted(_jobs_on(state, node)):
         job = state.jobs.get(jid)
-        if job is not None and restarted and jid not in reported:
+        if job is None or job.alloc[0].node != node.name:
+            continue  # it runs on its first node; this one only lends CPUs
+        if restarted and jid not in reported:
             why = f"node {node.name} restarted; the job's processes were gone"
             requeue.lost(state, job, why)
     for jid in sorted(reported - _jobs_on(state, node)):

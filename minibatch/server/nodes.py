@@ -38,6 +38,9 @@ class Node(msgspec.Struct, kw_only=True):
     real_cpus: dict[int, int] = {}
     #: Its daemon runs on another host (tcp): its cores are not this machine's.
     remote: bool = False
+    #: Its daemon runs a multi-node job with the other nodes' cores
+    #: (``NodeHello.lends``).
+    lends: bool = False
     offline: bool = False
     comment: str = ""
     pid: int | None = None

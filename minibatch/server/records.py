@@ -23,7 +23,10 @@ def launch_spec(job: Job, nodes: Mapping[str, Node]) -> LaunchSpec:
     real cores and the memory of all of them; one that spans hosts, with its
     first node's."""
     here = [nodes.get(a.node) for a in job.alloc]
-    together = all(n is not None and not n.remote for n in here)
+    first = here[0] if here else None
+    together = (first is not None and first.lends) and all(
+        n is not None and not n.remote for n in here
+    )
     others: set[int] = set()
     for a, node in zip(job.alloc[1:], here[1:], strict=True):
         if together and node is not None:

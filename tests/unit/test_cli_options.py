@@ -258,6 +258,7 @@ def test_slurm_memory_options_are_one_request(tmp_path):
         ('C="p,q"', {"C": "p,q"}),
         ("A=it's,B=2", {"A": "it's", "B": "2"}),  # an apostrophe, not a quote
         ("A=1,B=", {"A": "1", "B": ""}),
+        ("MSG=don't,OTHER=can't", {"MSG": "don't", "OTHER": "can't"}),
     ],
 )
 def test_variable_values_in_quotes_may_hold_commas(text, want):

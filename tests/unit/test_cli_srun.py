@@ -59,7 +59,13 @@ def test_virtual_cpus_share_the_cores_behind_them():
     cores: srun -n $SLURM_NTASKS runs, tasks sharing cores in turn (found by a
     new-user trial: it refused)."""
     cores = sorted(os.sched_getaffinity(0))
-    slots = job_slots({"PBS_NP": str(3 * len(cores))})
+    slots = job_slots({"MB_JOB_SLOTS": str(3 * len(cores))})
     assert slots == cores * 3
-    assert job_slots({}) == cores == job_slots({"PBS_NP": "x"})
+    assert job_slots({}) == cores == job_slots({"MB_JOB_SLOTS": "x"})
     assert len(task_cpus(slots, 3 * len(cores), 1)) == 3 * len(cores)
+    # A job on several nodes whose others lent nothing: $PBS_NP counts them,
+    # its slots do not (srun refuses more tasks than its cores, as it did).
+    assert job_slots({"PBS_NP": "64", "MB_JOB_SLOTS": str(len(cores))}) == cores
+    # A malleable job: its cores now, whatever it was given at its start.
+    malleable = {"MB_JOB_SLOTS": str(3 * len(cores)), "MB_CPUSET_FILE": "/x"}
+    assert job_slots(malleable) == cores

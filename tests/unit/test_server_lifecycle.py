@@ -321,15 +321,20 @@ def test_a_qdel_keeps_its_reason_beside_what_the_node_adds(server_state: ServerS
     assert job.comment == "cancelled by qdel (alice); 2 leftover process(es) killed"
 
 
-@pytest.mark.parametrize("remote", [False, True])
+@pytest.mark.parametrize(
+    ("remote", "lends"), [(False, True), (True, True), (False, False)]
+)
 def test_a_job_on_two_nodes_of_this_machine_launches_with_both(
-    server_state: ServerState, remote: bool
+    server_state: ServerState, remote: bool, lends: bool
 ):
     """Its first node gets the other node's real cores and both nodes'
     memory; a job reaching a node on another host (tcp) gets its first node's
-    alone (those cores are not this machine's)."""
+    alone (those cores are not this machine's), and so does a first node too
+    old to read ``other_cores`` (it would take the memory, not the cores)."""
+    server_state.nodes.nodes["n0"].lends = lends
     server_state.nodes.nodes["n1"].real_cpus = {2: 0, 3: 1}  # virtual CPUs
     server_state.nodes.nodes["n1"].remote = remote
+    remote = remote or not lends
     request = JobRequest(nodes=2, ppn=1, mem_kb=4096)
     (job,) = server_state.submit(
         JobSpec(name="j", workdir="/tmp", request=request, argv=["true"]), ME
@@ -339,3 +344,19 @@ def test_a_job_on_two_nodes_of_this_machine_launches_with_both(
     # 4096 kb for the job: 2048 on each node, both here when both are local.
     assert launch.spec.other_cores == ([] if remote else [0])
     assert launch.spec.mem_kb == (2048 if remote else 4096)
+
+
+def test_a_lending_node_that_restarts_leaves_the_job_running(server_state):
+    """A job on n0 and n1 runs on n0; n1's daemon restarting (it never ran
+    the job's processes) does not take the job for lost (found by review)."""
+    from minibatch.protocol.messages import NodeHello
+    from minibatch.server import liveness
+
+    request = JobRequest(nodes=2, ppn=1)
+    (job,) = server_state.submit(
+        JobSpec(name="j", workdir="/tmp", request=request, argv=["true"]), ME
+    )
+    assert server_state.start(job.id, ("n0", "n1")) is None
+    again = NodeHello(name="n1", cpus=[2, 3], mem_kb=None, pid=999, running=[])
+    liveness.hello(server_state, again, b"route-n1")
+    assert job.state is JobState.RUNNING
