@@ -261,8 +261,9 @@ def _memory(opts: SubmitOptions, name: str, value: str) -> None:
     kb = parse_mem(value)
     if kb == 0 and name == "mem":
         opts.record("--mem", value, "no memory limit: 0 asks for the whole node")
-        return
-    setattr(opts, field, kb or None)
+    # 0 (no limit) stays a value: a command line's --mem=0 still replaces the
+    # script's memory options.
+    setattr(opts, field, kb if name == "mem" else kb or None)
 
 
 def _gpu_count(value: str, option: str) -> int:

@@ -64,8 +64,8 @@ def to_request(opts: SubmitOptions) -> JobRequest:
     elif opts.gpus_total is not None:
         gpus = -(-opts.gpus_total // nodes)
     mem_kb = opts.mem_kb
-    if opts.mem_per_node_kb is not None:
-        mem_kb = opts.mem_per_node_kb * nodes
+    if opts.mem_per_node_kb is not None:  # 0: --mem=0, no limit
+        mem_kb = opts.mem_per_node_kb * nodes or None
     elif opts.mem_per_cpu_kb is not None:
         mem_kb = opts.mem_per_cpu_kb * ppn * nodes
     elif opts.mem_per_gpu_kb is not None and gpus:
@@ -181,7 +181,7 @@ def job_options(opts: SubmitOptions) -> JobOptions:
         cpus_per_task=opts.cpus_per_task or 0,
         tasks_per_node=opts.tasks_per_node or 0,
         array_limit=opts.array_limit or 0,
-        mem_per_node=opts.mem_per_node_kb is not None,
+        mem_per_node=bool(opts.mem_per_node_kb),
         # Slurm's -n without -N (or a node count), Torque's procs=: the tasks
         # go on as many nodes as they need.
         spread=bool(opts.spread)

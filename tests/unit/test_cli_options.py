@@ -249,6 +249,17 @@ def test_slurm_memory_options_are_one_request(tmp_path):
     )
     assert made is not None
     assert made[0].request.mem_kb == 2 * 100 * 1024
+    # --mem=0 (no limit) on the command line replaces the script's too.
+    script.write_text("#!/bin/sh\n#SBATCH -n 2 --mem-per-cpu=1G\ntrue\n")
+    unlimited = sbatch_spec(
+        ["--mem=0", str(script)],
+        environ=ENV,
+        workdir=str(tmp_path),
+        host="ws",
+        user="alice",
+        now=NOW,
+    )
+    assert unlimited is not None and unlimited[0].request.mem_kb is None
 
 
 @pytest.mark.parametrize(
