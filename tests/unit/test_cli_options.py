@@ -46,6 +46,21 @@ def qsub(tmp_path, text: str, *argv: str):
     return made
 
 
+def sbatch(tmp_path, text: str, *argv: str, after: tuple[str, ...] = ()):
+    script = tmp_path / "s.sh"
+    script.write_text(text)
+    made = sbatch_spec(
+        [*argv, str(script), *after],
+        environ=ENV,
+        workdir=str(tmp_path),
+        host="ws",
+        user="alice",
+        now=NOW,
+    )
+    assert made is not None
+    return made
+
+
 def test_torque_nodes_with_gpus_and_properties():
     opts = directives("#PBS -l nodes=2:ppn=16:gpus=1:xe\n")
     assert (opts.nodes, opts.ppn, opts.gpus, opts.features) == (2, 16, 1, ["xe"])
@@ -178,18 +193,8 @@ def test_directive_prefix(tmp_path):
 
 
 def test_sbatch_command_line(tmp_path):
-    script = tmp_path / "s.sh"
-    script.write_text("#!/bin/bash\n#SBATCH -n 2\n#PBS -N frompbs\necho\n")
-    made = sbatch_spec(
-        ["--export=NONE,X=1", "-J", "cli", str(script), "arg1"],
-        environ=ENV,
-        workdir=str(tmp_path),
-        host="ws",
-        user="alice",
-        now=NOW,
-    )
-    assert made is not None
-    spec, _ = made
+    text = "#!/bin/bash\n#SBATCH -n 2\n#PBS -N frompbs\necho\n"
+    spec, _ = sbatch(tmp_path, text, "--export=NONE,X=1", "-J", "cli", after=("arg1",))
     assert spec.name == "cli" and spec.request.ppn == 2
     assert "PATH" not in spec.env and spec.env["X"] == "1"
     assert spec.options.script_args == ["arg1"] and spec.options.slurm
@@ -237,29 +242,13 @@ def test_slurm_memory_options_are_one_request(tmp_path):
     assert to_request(directives("#SBATCH --mem=1G\n#SBATCH --mem=2G\n")).mem_kb == (
         2 * 1024**2
     )
-    script = tmp_path / "job.sh"
-    script.write_text("#!/bin/sh\n#SBATCH -n 2 --mem=1G\ntrue\n")
-    made = sbatch_spec(
-        ["--mem-per-cpu=100M", str(script)],
-        environ=ENV,
-        workdir=str(tmp_path),
-        host="ws",
-        user="alice",
-        now=NOW,
-    )
-    assert made is not None
-    assert made[0].request.mem_kb == 2 * 100 * 1024
+
+    def submitted_mem(text: str, option: str) -> int | None:
+        return sbatch(tmp_path, f"#!/bin/sh\n{text}\ntrue\n", option)[0].request.mem_kb
+
+    assert submitted_mem("#SBATCH -n 2 --mem=1G", "--mem-per-cpu=100M") == 200 << 10
     # --mem=0 (no limit) on the command line replaces the script's too.
-    script.write_text("#!/bin/sh\n#SBATCH -n 2 --mem-per-cpu=1G\ntrue\n")
-    unlimited = sbatch_spec(
-        ["--mem=0", str(script)],
-        environ=ENV,
-        workdir=str(tmp_path),
-        host="ws",
-        user="alice",
-        now=NOW,
-    )
-    assert unlimited is not None and unlimited[0].request.mem_kb is None
+    assert submitted_mem("#SBATCH -n 2 --mem-per-cpu=1G", "--mem=0") is None
 
 
 @pytest.mark.parametrize(
