@@ -29,6 +29,9 @@ _CLOCK = r"^(\d{1,2}):(\d{2})(?::(\d{2}))?\s*([AaPp][Mm])?$"
 _ISO = r"^(\d{4})-(\d{2})-(\d{2})(?:T(\d{1,2}):(\d{2})(?::(\d{2}))?)?$"
 _SLASH = r"^(\d{1,2})[/.](\d{1,2})(?:[/.](\d{2}))?$"
 _MMDDYY = r"^(\d{2})(\d{2})(\d{2})?$"
+#: One item of ``A=1,B='x,y'``: a name, ``=`` and a quoted value that ends
+#: before a comma or the end, else anything up to a comma.
+_ENV_ITEM = r"""(?s)[^,]*?=(['"]).*?\1(?=,|\Z)|[^,]*"""
 _RELATIVE = r"^now(?:([+-])(\d+)(seconds?|minutes?|hours?|days?|weeks?)?)?$"
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 #: Slurm's named times of day (sbatch --begin).
@@ -137,25 +140,14 @@ def _comma_items(text: str) -> list[str]:
     """``text`` cut at its commas, but not inside a value in quotes: a quote
     right after ``=`` that closes right before a comma or the end
     (``A='x,y'``). Any other quote is a character (``MSG=don't``)."""
-    items, start, i = [], 0, 0
-    while i < len(text):
-        ch = text[i]
-        if ch in "'\"" and i > 0 and text[i - 1] == "=":
-            close = i + 1
-            while True:
-                close = text.find(ch, close)
-                if close < 0 or close + 1 == len(text) or text[close + 1] == ",":
-                    break
-                close += 1
-            if close > 0:
-                i = close + 1
-                continue
-        if ch == ",":
-            items.append(text[start:i])
-            start = i + 1
-        i += 1
-    items.append(text[start:])
-    return items
+    items, pos = [], 0
+    while True:
+        item = re.compile(_ENV_ITEM).match(text, pos)
+        assert item is not None  # the second branch matches anything
+        items.append(item.group())
+        pos = item.end() + 1  # past the comma
+        if pos > len(text):
+            return items
 
 
 def _at(now: float, year: int, month: int, day: int, h: int, m: int, s: int) -> float:

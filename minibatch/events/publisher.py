@@ -58,9 +58,7 @@ def _cork(sock: Any, on: bool) -> socket.socket | None:
     cork = getattr(socket, "TCP_CORK", None)  # Linux's
     if cork is None or not isinstance(sock, socket.socket):
         return None
-    if sock.family == socket.AF_UNIX:
-        return None
-    try:
+    try:  # OSError: not a TCP socket (a unix one)
         sock.setsockopt(socket.IPPROTO_TCP, cork, int(on))
     except OSError:
         return None

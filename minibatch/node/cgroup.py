@@ -58,12 +58,10 @@ def _own_path(controller: str) -> str:
     raise FileNotFoundError(f"no {controller or 'v2'} cgroup in /proc/self/cgroup")
 
 
-# Paths on a job's way are plain strings: pathlib's joins cost more than the
-# system calls they name (a job's launch and end touch ~20 cgroup files).
-
-
 def _write(path: str | Path, value: str) -> None:
-    # One write(2) per value: the kernel parses the whole buffer at once.
+    # One write(2) per value: the kernel parses the whole buffer at once. Paths
+    # on a job's way are plain strings: pathlib's joins cost more than the
+    # system calls they name (a job's launch and end touch ~20 cgroup files).
     fd = os.open(path, os.O_WRONLY)
     try:
         os.write(fd, value.encode())

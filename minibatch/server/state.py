@@ -76,8 +76,9 @@ class ServerState:
         self.dependents: dict[int, set[int]] = {}
         self.next_id = store.next_id()
         self.generation = 0
-        #: Array id -> (generation, running tasks, queued task ids): reasons.
-        self.array_counts: dict[int, tuple[int, int, list[int]]] = {}
+        #: Array id -> (running tasks, queued task ids), kept until a task of
+        #: the array comes, goes or changes state (views._array_counts).
+        self.array_counts: dict[int, tuple[int, list[int]]] = {}
         # Facts about connections, not stored: a failed commit's rollback keeps
         # them (rollback.restore lists them; a new one belongs there too).
         self.scheduler: bytes | None = None
@@ -157,6 +158,7 @@ class ServerState:
             self.active.add(job.id)
         if job.array_id is not None:
             self.arrays.setdefault(job.array_id, []).append(job.id)
+            self.array_counts.pop(job.array_id, None)
             if job.options.array_limit:
                 self.array_limits[job.array_id] = job.options.array_limit
         if job.options.begin is not None and job.state in PENDING_STATES:
@@ -178,17 +180,19 @@ class ServerState:
         self.active.discard(job.id)
         if job.array_id is not None:
             tasks = self.arrays.get(job.array_id)
+            self.array_counts.pop(job.array_id, None)
             if tasks is not None:
                 tasks.remove(job.id)
                 if not tasks:
                     del self.arrays[job.array_id]
                     self.array_limits.pop(job.array_id, None)
-                    self.array_counts.pop(job.array_id, None)
 
     def _move(self, job: Job, to: JobState) -> str:
         """:func:`transition`, keeping the queue and the active set in step."""
         before = job.state
         event = transition(job, to)
+        if job.array_id is not None:
+            self.array_counts.pop(job.array_id, None)
         now = self.clock()
         if before is JobState.QUEUED and job.queued_since is not None:
             job.eligible_s += max(0.0, now - job.queued_since)

@@ -106,14 +106,10 @@ def _within_array_limits(
 ) -> tuple[PendingView, ...]:
     """Leave out the tasks of arrays already running their ``%N`` limit, and
     enough of the others that no array can start more than its limit."""
-    room: dict[int, int] = {}
-    for array_id, limit in state.array_limits.items():
-        running = sum(
-            1
-            for jid in state.arrays.get(array_id, ())
-            if state.jobs[jid].state in ACTIVE_STATES
-        )
-        room[array_id] = limit - running
+    room = {
+        array_id: limit - _array_counts(state, array_id)[0]
+        for array_id, limit in state.array_limits.items()
+    }
     out = []
     for p in pending:
         task_of = state.jobs[p.id].array_id
@@ -140,21 +136,20 @@ def array_limit_reason(state: ServerState, job: Job) -> str:
 
 def _array_counts(state: ServerState, array: int) -> tuple[int, list[int]]:
     """The array's running tasks and its queued ones' ids in order, counted
-    once per state generation: a listing explains every task of an array, and
-    counting per task would be quadratic (100,000 tasks)."""
-    cached = state.array_counts.get(array)
-    if cached is not None and cached[0] == state.generation:
-        return cached[1], cached[2]
-    active, queued = 0, []
-    for jid in state.arrays.get(array, ()):
-        other = state.jobs[jid]
-        if other.state in ACTIVE_STATES:
-            active += 1
-        elif other.state is JobState.QUEUED:
-            queued.append(jid)
-    queued.sort()
-    state.array_counts[array] = (state.generation, active, queued)
-    return active, queued
+    once while no task of it changes (``ServerState.array_counts``): a
+    listing explains every task of an array, and counting per task would be
+    quadratic (100,000 tasks)."""
+    counts = state.array_counts.get(array)
+    if counts is None:
+        active, queued = 0, []
+        for jid in state.arrays.get(array, ()):
+            other = state.jobs[jid]
+            if other.state in ACTIVE_STATES:
+                active += 1
+            elif other.state is JobState.QUEUED:
+                queued.append(jid)
+        counts = state.array_counts[array] = (active, sorted(queued))
+    return counts
 
 
 def select(state: ServerState, selector: str, *, finished: bool = True) -> list[Job]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 
+import msgspec
 import pytest
 
 from minibatch.config import Config, QueueConfig
@@ -34,7 +35,7 @@ from minibatch.protocol.messages import (
     SignalJob,
     TraceJob,
 )
-from minibatch.server import liveness
+from minibatch.server import liveness, requeue
 from minibatch.server.access import Context
 from minibatch.server.handlers import HANDLERS
 from minibatch.server.queues import QueueTable
@@ -183,6 +184,19 @@ def ended(job, result=JobResult.CANCELLED, reruns: int = 0) -> JobEnded:
         maxrss_kb=100,
         reruns=reruns,
     )
+
+
+def test_a_qdel_keeps_its_reason_beside_what_the_node_adds(server_state: ServerState):
+    """qstat -f of a job qdel ended says so, not only the node's "2 leftover
+    process(es) killed" (found by a new-user trial)."""
+    (job,) = server_state.submit(spec(), ME)
+    run(server_state, job)
+    server_state.cancel(job, comment="cancelled by qdel (alice)")
+    report = msgspec.structs.replace(
+        ended(job), comment="2 leftover process(es) killed"
+    )
+    requeue.end_as_reported(server_state, job, report)
+    assert job.comment == "cancelled by qdel (alice); 2 leftover process(es) killed"
 
 
 def test_qrerun_kills_and_queues_the_job_again(server_state: ServerState, clock):

@@ -17,8 +17,7 @@ from minibatch.core.job import (
     JobSpec,
     JobState,
 )
-from minibatch.protocol.messages import JobEnded, Kill, Launch
-from minibatch.server import requeue
+from minibatch.protocol.messages import Kill, Launch
 from minibatch.server.state import ServerState
 from minibatch.server.submit import Caller
 from tests.conftest import validate
@@ -300,25 +299,6 @@ def test_a_job_on_two_nodes_records_both(server_state: ServerState):
     )
     assert server_state.start(job.id, ("n0", "n1")) is None
     assert events(server_state, job)[-1] == ("started", "n0/0 n1/2")
-
-
-def test_a_qdel_keeps_its_reason_beside_what_the_node_adds(server_state: ServerState):
-    """qstat -f of a job qdel ended says so, not only the node's "2 leftover
-    process(es) killed" (found by a new-user trial)."""
-    job = run(server_state)
-    server_state.cancel(job, comment="cancelled by qdel (alice)")
-    ended = JobEnded(
-        job=job.id,
-        result=JobResult.CANCELLED,
-        exit_status=271,
-        signal=None,
-        end_time=server_state.clock(),
-        cputime_s=0.0,
-        maxrss_kb=0,
-        comment="2 leftover process(es) killed",
-    )
-    requeue.end_as_reported(server_state, job, ended)
-    assert job.comment == "cancelled by qdel (alice); 2 leftover process(es) killed"
 
 
 @pytest.mark.parametrize(
