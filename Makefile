@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 MB_HOME ?= $(CURDIR)/.demo-home
 export MB_HOME
 
-.PHONY: demo test lint typecheck unit integration bench clean system-packages
+.PHONY: demo test lint typecheck native unit integration bench clean system-packages
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -20,7 +20,7 @@ $(BIN)/python:
 # which import most of that anyway, ~3 ms; docs/benchmarks.md, "Commands").
 EDITABLE := --config-settings editable_mode=compat
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e . $(EDITABLE)
+	$(BIN)/pip install -q -e '.[native]' $(EDITABLE)
 	$(BIN)/python -m compileall -q minibatch >/dev/null
 	touch $@
 
@@ -29,8 +29,15 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m compileall -q minibatch >/dev/null
 	touch $@ $(VENV)/.installed
 
+# The planning core compiled by mypyc (minibatch/native.py): a no-op while
+# the build matches the source. The demo goes on without it (plain Python,
+# the same decisions); the tests require it.
 demo: $(VENV)/.installed
+	@$(BIN)/python -m minibatch.native || echo "(the scheduler runs as plain Python)"
 	$(BIN)/mb demo $(if $(QUICK),--quick)
+
+native: $(VENV)/.installed
+	$(BIN)/python -m minibatch.native
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check minibatch tests daemons
@@ -42,13 +49,16 @@ typecheck: $(VENV)/.installed-dev
 # Debian packages the tests start rather than skip: mosquitto (the MQTT tests run
 # against both brokers), systemd-analyze (the units are verified), tmux (mb top
 # runs in a real terminal), chromium (mb web's page, driven by playwright: no
-# browser download) and task-spooler (mb bench throughput --vs-task-spooler).
+# browser download), task-spooler (mb bench throughput --vs-task-spooler) and
+# a C compiler with Python's headers (make native).
 system-packages:
 	@missing=""; \
 	command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
 	command -v tsp >/dev/null || missing="$$missing task-spooler"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v tmux >/dev/null || missing="$$missing tmux"; \
+	command -v cc >/dev/null || missing="$$missing gcc"; \
+	$(PYTHON) -c 'import os, sysconfig; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' 2>/dev/null || missing="$$missing python3-dev"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
@@ -60,7 +70,7 @@ system-packages:
 # at once (pytest-xdist, a file per worker at a time); those marked `serial`
 # (timing-sensitive ones, benchmarks) then run alone. Both runs always run.
 TEST_WORKERS ?= 2
-test: system-packages lint typecheck
+test: system-packages lint typecheck native
 	@status=0; \
 	echo "$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not serial'"; \
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not serial' || status=$$?; \
@@ -73,4 +83,4 @@ bench: $(VENV)/.installed
 
 clean:
 	-$(BIN)/mb down 2>/dev/null
-	rm -rf $(VENV) .demo-home .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .demo-home .pytest_cache .mypy_cache .ruff_cache minibatch/policy/_native

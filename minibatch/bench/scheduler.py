@@ -149,6 +149,7 @@ def run(
     malleable: float = 0.0,
 ) -> dict[str, Any]:
     """Time ``repeat`` passes of ``policy`` on the benchmark snapshot."""
+    from minibatch import native
     from minibatch.policy import registry
 
     snap = snapshot(
@@ -180,6 +181,8 @@ def run(
         "resizes": len(plan.resizes),
         "predicted": len(plan.predicted),
         "python": platform.python_version(),
+        # The planning core compiled (minibatch/native.py) or plain Python.
+        "compiled": native.compiled(),
     }
 
 
@@ -201,6 +204,7 @@ def render(result: dict[str, Any]) -> str:
         ["jobs started", number(result["starts"])],
         ["resizes", number(result["resizes"])],
         ["starts predicted", number(result["predicted"])],
+        ["planning core", "compiled (mypyc)" if result["compiled"] else "Python"],
     ]
     return grid(["mb bench scheduler", ""], rows)
 

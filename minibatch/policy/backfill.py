@@ -47,7 +47,8 @@ from minibatch.policy import cpuonly
 from minibatch.policy.base import Order, as_choice, as_int, as_order, waiting_reason
 from minibatch.policy.planning import Pass
 from minibatch.policy.profile import Profile
-from minibatch.policy.search import INF, Shape
+from minibatch.policy.search import Shape
+from minibatch.policy.timeline import INF
 
 METRICS = ("procs", "procseconds", "seconds")
 

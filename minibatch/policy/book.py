@@ -32,7 +32,8 @@ from minibatch.core.snapshot import (
     RunningView,
 )
 from minibatch.policy.profile import Profile, Release
-from minibatch.policy.search import INF, Shape
+from minibatch.policy.search import Shape
+from minibatch.policy.timeline import INF
 
 
 def releases(

@@ -36,8 +36,8 @@ from itertools import accumulate
 from operator import itemgetter
 
 from minibatch.core.job import JobRequest
-from minibatch.policy.search import INF, Search, Shape, direct
-from minibatch.policy.timeline import Segment, Timeline
+from minibatch.policy.search import Search, Shape, direct
+from minibatch.policy.timeline import INF, Segment, Timeline
 
 _parts = (itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3))
 
@@ -157,7 +157,8 @@ class Profile:
                 gs = list(accumulate(map(gpus, steps), initial=g))
             if len(set(ts)) < len(ts) - (ts[1] == now):
                 # Releases at one instant: keep the value after the last.
-                keep = [0, *(k for k in range(1, len(ts) - 1) if ts[k] != ts[k + 1])]
+                keep = [0]
+                keep += [k for k in range(1, len(ts) - 1) if ts[k] != ts[k + 1]]
                 keep.append(len(ts) - 1)
                 ts = [ts[k] for k in keep]
                 cs = [cs[k] for k in keep]

@@ -42,11 +42,11 @@ from collections.abc import Sequence
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
+from minibatch.policy.timeline import INF
+
 if TYPE_CHECKING:
     from minibatch.policy.profile import Profile
     from minibatch.policy.timeline import Need, Timeline
-
-INF = float("inf")
 
 #: What a job needs on each node: (nodes, ppn, memory per node or 0, gpus per node).
 Shape = tuple[int, int, int, int]
@@ -81,17 +81,31 @@ class _Bounds:
     def __init__(self, seen: list[int], values: list[float]) -> None:
         self.seen = seen
         self.values = values
-        self.order = [i for i, b in enumerate(values) if b < INF]
-        self.settle()
-
-    def settle(self) -> None:
-        """Sort ``order`` again after bounds were raised in place (searches
-        raise them as they go, and sort once at the end). Node numbers sorted
-        by a key: a third faster than sorting (bound, node) pairs."""
-        order, values = self.order, self.values
+        order = self.order = [i for i, b in enumerate(values) if b < INF]
+        # Node numbers sorted by a key: a third faster than sorting (bound,
+        # node) pairs.
         order.sort(key=values.__getitem__)
-        while order and values[order[-1]] == INF:
-            order.pop()
+
+    def settle(self, raised: list[int]) -> None:
+        """Put the nodes whose bounds a search raised in place back in order
+        (those that can never hold the job out). A search raises a few of
+        the nodes: moving those costs less than sorting them all again."""
+        order, values = self.order, self.values
+        for i in raised:
+            order.remove(i)
+        for i in raised:
+            v = values[i]
+            if v < INF:
+                # bisect.insort with a key calls it from C; this loop is
+                # the compiled module's own (minibatch/native.py).
+                lo, hi = 0, len(order)
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if values[order[mid]] <= v:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                order.insert(lo, i)
 
 
 class Search:
@@ -144,7 +158,7 @@ class Search:
         order, values, seen = bounds.order, bounds.values, bounds.seen
         changes = self.prof.changes
         best, where = INF, len(values)
-        raised = False
+        raised: list[int] = []
         for i in order:
             b = values[i]
             if b >= best:
@@ -157,7 +171,7 @@ class Search:
                 nb = node.start(relaxed, span, b, best)
                 if nb != b:
                     values[i] = nb
-                    raised = True
+                    raised.append(i)
                 if nb > best:
                     # The node cannot win: its bound moves past the best,
                     # still stale (searching it further would cost more).
@@ -168,7 +182,7 @@ class Search:
             if e < INF and e <= best and (e < best or i < where):
                 best, where = e, i
         if raised:
-            bounds.settle()
+            bounds.settle(raised)
         return None if best == INF else (best, [where])
 
     def _many(
@@ -197,7 +211,7 @@ class Search:
         # stretches that hold ``t``: node -> last start.
         queue: list[tuple[float, int, int]] = []
         holding: dict[int, float] = {}
-        raised = False
+        raised: dict[int, None] = {}  # in order, once each
         p, t = 0, after
         while True:
             while True:
@@ -216,7 +230,7 @@ class Search:
                         seen[i] = changes[i]
                     if nb != lb:
                         values[i] = nb
-                        raised = True
+                        raised[i] = None
                         if nb > t:
                             if nb < INF:
                                 heappush(queue, (nb, i, at))
@@ -242,7 +256,7 @@ class Search:
                 break
             t = nxt
         if raised:
-            bounds.settle()
+            bounds.settle(list(raised))
         return None if t == INF else (t, sorted(holding)[:count])
 
     @staticmethod

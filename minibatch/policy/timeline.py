@@ -25,13 +25,75 @@ first, so a window that ends by then is a test of its start alone.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from typing import Final
 
-INF = float("inf")
+INF: Final = float("inf")
+#: Whether this module runs compiled (minibatch/native.py). The few helpers
+#: below branch on it: in the interpreter, bisect's C functions and ``min``
+#: of a slice beat any loop of ours; compiled, a loop over the list is plain
+#: C and beats a call into them with boxed numbers. The answers are the same.
+NATIVE: Final = not __file__.endswith(".py")
+
+
+def _left(a: list[float], x: float, lo: int) -> int:
+    """``bisect_left(a, x, lo)``."""
+    if not NATIVE:
+        return bisect_left(a, x, lo)
+    hi = len(a)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _right(a: list[float], x: float, lo: int) -> int:
+    """``bisect_right(a, x, lo)``."""
+    if not NATIVE:
+        return bisect_right(a, x, lo)
+    hi = len(a)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if x < a[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
 
 #: What a job needs on one node: (CPUs, memory or 0, GPUs).
 Need = tuple[int, int, int]
 #: One segment of a node: (start, cpus, memory or None, gpus or None).
 Segment = tuple[float, int, int | None, int | None]
+
+
+def _room(
+    cpu: list[int],
+    free: list[int] | None,
+    gpu: list[int] | None,
+    lo: int,
+    hi: int,
+    need: Need,
+) -> bool:
+    """Whether change points ``lo`` to ``hi - 1`` (some) all have room for
+    ``need`` (``free``, ``gpu``: None when it asks none)."""
+    ppn, mem, gpus = need
+    if not NATIVE:
+        return (
+            min(cpu[lo:hi]) >= ppn
+            and (free is None or min(free[lo:hi]) >= mem)
+            and (gpu is None or min(gpu[lo:hi]) >= gpus)
+        )
+    for k in range(lo, hi):
+        if (
+            cpu[k] < ppn
+            or (free is not None and free[k] < mem)
+            or (gpu is not None and gpu[k] < gpus)
+        ):
+            return False
+    return True
 
 
 class Timeline:
@@ -174,12 +236,7 @@ class Timeline:
         ke = bisect_left(times, end, 1)
         free = self.mem if mem else None
         gpu = self.gpu if gpus else None
-        if (
-            ke <= 1
-            or min(cpu[1:ke]) >= ppn
-            and (free is None or min(free[1:ke]) >= mem)
-            and (gpu is None or min(gpu[1:ke]) >= gpus)
-        ):
+        if ke <= 1 or _room(cpu, free, gpu, 1, ke, need):
             return -1.0
         for k in range(1, ke):
             if (
@@ -224,7 +281,7 @@ class Timeline:
             if self._lo < INF:
                 self._settle()
             starts, ends = self.starts, self.ends
-        for h in range(bisect_right(ends, x), len(starts)):
+        for h in range(_right(ends, x, 0), len(starts)):
             a = starts[h]
             if a < x:
                 a = x
@@ -240,8 +297,8 @@ class Timeline:
             times, cpu, dip = self.times, self.cpu, self.dip
             free = self.mem if mem else None
             gpu = self.gpu if gpus else None
-            k = bisect_right(times, a) - 1
-            stop = bisect_left(times, end_of_hole, k)
+            k = _right(times, a, 0) - 1
+            stop = _left(times, end_of_hole, k)
             while True:
                 # The first change point from k on with room (none: next hole).
                 while (
@@ -263,13 +320,9 @@ class Timeline:
                     end = t + w
                     if end <= dip:
                         return t  # values only rise before the node's first dip
-                    ke = bisect_left(times, end, k + 1)
+                    ke = _left(times, end, k + 1)
                     k += 1
-                    if ke == k or (
-                        min(cpu[k:ke]) >= ppn
-                        and (free is None or min(free[k:ke]) >= mem)
-                        and (gpu is None or min(gpu[k:ke]) >= gpus)
-                    ):
+                    if ke == k or _room(cpu, free, gpu, k, ke, need):
                         return t
                     # Every start up to the last point in the window without
                     # room overlaps it: look after it.

@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from minibatch import config as configuration
+from minibatch import native
 from minibatch.core.snapshot import ClusterSnapshot, Plan
 from minibatch.daemon import notify_ready, run_daemon
 from minibatch.errors import RemoteError, Unavailable
@@ -205,7 +206,11 @@ class Scheduler:
                 last_hello = time.monotonic()
             if not registered:
                 registered = True
-                log.info("registered with the server (policy %s)", self.policy_label)
+                log.info(
+                    "registered with the server (policy %s; planning core %s)",
+                    self.policy_label,
+                    "compiled" if native.compiled() else "plain Python: make native",
+                )
                 notify_ready()  # again after a lost server: systemd ignores it
             await self._wait(stop)
             if stop.is_set():

@@ -19,6 +19,7 @@ import statistics
 import time
 from typing import Any
 
+from minibatch import native
 from minibatch.metrics.table import grid, number
 from minibatch.policy import registry
 from minibatch.sim.baseline import bare_schedule
@@ -82,6 +83,8 @@ def run(
         "quiet_passes": stats.quiet if stats else 0,
         "mean_wait_s": sum(starts[j.id] - j.submit for j in jobs) / len(jobs),
         "python": platform.python_version(),
+        # The planning core compiled (minibatch/native.py) or plain Python.
+        "compiled": native.compiled(),
     }
     if bare_too:
         bare_wall, bare_cpu = (
@@ -112,6 +115,7 @@ def render(result: dict[str, Any]) -> str:
             f"{result['passes']:,} / {result['quiet_passes']:,}",
         ],
         ["mean wait (s)", number(result["mean_wait_s"])],
+        ["planning core", "compiled (mypyc)" if result["compiled"] else "Python"],
     ]
     if "bare_jobs_per_s" in result:
         rows += [
