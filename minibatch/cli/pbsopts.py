@@ -340,6 +340,38 @@ def _select(opts: SubmitOptions, value: str) -> None:
         opts.gpus = gpus
 
 
+def _cpus(opts: SubmitOptions, key: str, value: str) -> None:
+    """One of the CPU requests (``ncpus``, ``procs``, ``nodes``, ``select``).
+
+    The same resource given again replaces it, as PBS replaces a resource
+    value (a wrapper's ``qsub -l ncpus=2 "$@"`` lets its caller ask more). Two
+    different ones in one layer must ask the same nodes and CPUs: PBS has no
+    rule for which would win. A later layer (the command line over the
+    script) replaces the request whole (:func:`~minibatch.cli.directives.merge`).
+    """
+    before = (opts.nodes, opts.ppn)
+    if key in ("ncpus", "procs"):
+        opts.nodes, opts.ppn = 1, positive_int(value, key)
+        opts.spread = key == "procs"
+    else:
+        if key == "nodes":
+            _nodes(opts, value)
+        else:
+            _select(opts, value)
+        opts.spread = False
+    asked = f"{key}={value}"
+    earlier = opts.cpu_request
+    if (
+        earlier is not None
+        and earlier.partition("=")[0] != key
+        and before != (opts.nodes, opts.ppn)
+    ):
+        raise InvalidArgument(
+            f"contradictory CPU requests: {earlier} and {asked} (give one)"
+        )
+    opts.cpu_request = asked
+
+
 #: Resources that mean nothing without a value.
 _NEEDS_VALUE = frozenset(
     {
@@ -360,13 +392,8 @@ def apply_resources(opts: SubmitOptions, text: str, ctx: Context | None = None) 
                 )
             if key != "wd":  # wd: start in the submission directory, as always
                 opts.record(key, "", "no effect: unknown resource, recorded only")
-        elif key in ("ncpus", "procs"):
-            opts.nodes, opts.ppn = 1, positive_int(value, key)
-            opts.spread = key == "procs"
-        elif key == "nodes":
-            _nodes(opts, value)
-        elif key == "select":
-            _select(opts, value)
+        elif key in ("ncpus", "procs", "nodes", "select"):
+            _cpus(opts, key, value)
         elif key == "mem":
             opts.mem_kb = parse_size_kb(value)
         elif key == "pmem":

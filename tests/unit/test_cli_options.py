@@ -251,6 +251,29 @@ def test_slurm_memory_options_are_one_request(tmp_path):
     assert submitted_mem("#SBATCH -n 2 --mem-per-cpu=1G", "--mem=0") is None
 
 
+def test_cpu_requests_of_one_layer_must_agree(tmp_path):
+    """Two different CPU resources asking otherwise is a contradiction; the
+    same resource again, or the command line over the script, replaces it."""
+    with pytest.raises(InvalidArgument, match="nodes=1:ppn=2 and ncpus=1"):
+        directives("#PBS -l nodes=1:ppn=2,ncpus=1\n")
+    with pytest.raises(InvalidArgument, match="procs=4 and select=2:ncpus=2"):
+        directives("#PBS -l procs=4\n#PBS -l select=2:ncpus=2\n")
+    agree = directives("#PBS -l nodes=1:ppn=4\n#PBS -l ncpus=4\n")
+    assert (agree.nodes, agree.ppn) == (1, 4)
+    again = directives("#PBS -l ncpus=2\n#PBS -l ncpus=8\n")
+    assert (again.nodes, again.ppn) == (1, 8)
+
+    def submitted(text: str, *argv: str) -> tuple[int, int]:
+        req = qsub(tmp_path, f"#!/bin/sh\n{text}\ntrue\n", *argv)[0].request
+        return req.nodes, req.ppn
+
+    assert submitted("#PBS -l nodes=2:ppn=4", "-l", "ncpus=3") == (1, 3)
+    # A nodes= request on the command line is not spread by the script's procs=.
+    assert submitted("#PBS -l procs=8", "-l", "nodes=1:ppn=2") == (1, 2)
+    with pytest.raises(InvalidArgument, match="contradictory CPU requests"):
+        qsub(tmp_path, "#!/bin/sh\ntrue\n", "-l", "ncpus=2", "-l", "nodes=2")
+
+
 @pytest.mark.parametrize(
     ("text", "want"),
     [
