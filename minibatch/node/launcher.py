@@ -28,14 +28,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import pwd
 import resource
 import shutil
-import stat
 import subprocess
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -43,251 +40,20 @@ import msgspec
 from minibatch.core.units import format_cpu_list
 from minibatch.malleable import signal_named
 from minibatch.net.limits import give_back
+from minibatch.node.identity import (
+    Identity,
+    LaunchError,
+    describe_exec_error,
+    describe_os_error,
+    effective_identity,
+    resolve_identity,
+)
+from minibatch.node.jobenv import job_environment, nodefile_lines
 from minibatch.node.resizer import write_cpuset
 from minibatch.protocol.messages import LaunchSpec
 
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-#: Inherited variables that describe *another* job (qsub from inside a job).
-_FOREIGN_PREFIXES = ("MB_", "PBS_", "SLURM_")
-
-
-class LaunchError(Exception):
-    """The job could not be started; the message is the comment the user sees.
-
-    ``node_trouble``: the node, not the job, is at fault (its spool is full or
-    read-only): the job may run elsewhere and the node should take no more."""
-
-    def __init__(self, message: str, node_trouble: bool = False) -> None:
-        super().__init__(message)
-        self.node_trouble = node_trouble
-
-
 #: Errors writing the spool that say the node cannot start any job now.
 _SPOOL_TROUBLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    uid: int
-    gid: int
-    user: str
-    home: str
-    shell: str
-    groups: list[int]
-    #: Whether the child must change uid (the daemon is root, the user is not).
-    switch: bool
-
-
-def resolve_identity(spec: LaunchSpec, euid: int) -> Identity:
-    """Who the job runs as, or :class:`LaunchError` when the daemon cannot do it."""
-    switch = spec.uid != euid
-    if switch and euid != 0:
-        raise LaunchError(
-            f"cannot run a job of user {spec.user} (uid {spec.uid}): mb-node runs "
-            f"as uid {euid} without root privileges, so it can only run its own "
-            "user's jobs"
-        )
-    try:
-        pw = pwd.getpwuid(spec.uid)
-    except KeyError:
-        # Not in the passwd database (a container's ad-hoc uid): run it anyway.
-        groups = [spec.gid] if switch else []
-        return Identity(spec.uid, spec.gid, spec.user, "/", "/bin/sh", groups, switch)
-    groups = os.getgrouplist(pw.pw_name, spec.gid) if switch else []
-    return Identity(
-        spec.uid, spec.gid, pw.pw_name, pw.pw_dir, pw.pw_shell, groups, switch
-    )
-
-
-@contextlib.contextmanager
-def effective_identity(ident: Identity) -> Iterator[None]:
-    """Act with the user's effective ids (file access checks use them)."""
-    if not ident.switch:
-        yield
-        return
-    groups, egid = os.getgroups(), os.getegid()
-    os.setgroups(ident.groups)
-    os.setegid(ident.gid)
-    os.seteuid(ident.uid)
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-        os.setegid(egid)
-        os.setgroups(groups)
-
-
-def describe_os_error(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        where = exc.filename if exc.filename is not None else ""
-        return f"{exc.strerror}: {where}" if where else exc.strerror
-    return str(exc)
-
-
-def describe_exec_error(
-    exc: BaseException, argv: list[str], workdir: str, ident: Identity
-) -> str:
-    """Why ``argv`` could not start. A script whose ``#!`` names a missing
-    interpreter fails with ENOENT on the script itself; say which program is
-    missing, as a shell says "bad interpreter". The script is the user's: read
-    as the user, only if it is a regular file, never waiting (it may have
-    become a FIFO since the exec failed)."""
-    if not (isinstance(exc, FileNotFoundError) and exc.filename == argv[0]):
-        return describe_os_error(exc)
-    line = b""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    with contextlib.suppress(OSError):
-        with effective_identity(ident):
-            fd = os.open(os.path.join(workdir, argv[0]), flags)
-        try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                line = os.read(fd, 256).split(b"\n", 1)[0]
-        finally:
-            os.close(fd)
-    words = line[2:].split() if line.startswith(b"#!") else []
-    program = words[0].decode(errors="replace") if words else ""
-    if program and not os.path.exists(program):
-        return f"{program}: bad interpreter: No such file or directory"
-    return describe_os_error(exc)
-
-
-def nodefile_lines(spec: LaunchSpec, node: str) -> list[str]:
-    """One line per CPU per host, as PBS writes ``$PBS_NODEFILE``."""
-    return [h for h in (spec.hosts or [node]) for _ in spec.cpus]
-
-
-def job_environment(
-    spec: LaunchSpec,
-    *,
-    node: str,
-    home: str,
-    ident: Identity,
-    cpus: list[int],
-    nodefile: str,
-    cpuset_file: str = "",
-    resize_signal: str = "USR1",
-    tmpdir: str = "",
-) -> dict[str, str]:
-    """The job's environment: the submitter's, plus what tells it where it runs."""
-    env = {k: v for k, v in spec.env.items() if not k.startswith(_FOREIGN_PREFIXES)}
-    # PBS_O_* describe the submission and are set by qsub: keep them.
-    env.update({k: v for k, v in spec.env.items() if k.startswith("PBS_O_")})
-    env.setdefault("HOME", ident.home)
-    env.setdefault("USER", ident.user)
-    env.setdefault("LOGNAME", ident.user)
-    env.setdefault("SHELL", ident.shell or "/bin/sh")
-    env.setdefault("PATH", DEFAULT_PATH)
-    hosts = spec.hosts or [node]
-    ncpus = str(len(cpus))
-    # The CPUs the job runs with here: its other nodes' too when they lent
-    # their cores (srun starts that many tasks at most).
-    slots = len(cpus) * (len(hosts) if spec.other_cores else 1)
-    env.update(
-        MB_JOBID=spec.display_id,
-        MB_JOB_SLOTS=str(slots),
-        MB_CPUS=ncpus,
-        MB_CPU_LIST=",".join(map(str, cpus)),
-        MB_NODE=node,
-        MB_HOME=home,
-        OMP_NUM_THREADS=ncpus,
-        PBS_JOBID=spec.display_id,
-        PBS_JOBNAME=spec.name,
-        PBS_O_WORKDIR=spec.workdir,
-        PBS_NODEFILE=nodefile,
-        PBS_ENVIRONMENT="PBS_BATCH",
-        PBS_NUM_NODES=str(len(hosts)),
-        PBS_NUM_PPN=ncpus,
-        PBS_NP=str(len(hosts) * len(cpus)),
-        SLURM_JOB_ID=str(spec.job),
-        SLURM_JOB_NAME=spec.name,
-        SLURM_CPUS_ON_NODE=ncpus,
-        SLURM_JOB_NUM_NODES=str(len(hosts)),
-        SLURM_JOB_NODELIST=",".join(hosts),
-        SLURM_SUBMIT_DIR=spec.workdir,
-    )
-    if cpuset_file:
-        # Where a malleable job reads its CPUs after a resize, and the signal
-        # that announces one (minibatch.malleable reads both).
-        env.update(MB_CPUSET_FILE=cpuset_file, MB_RESIZE_SIGNAL=resize_signal)
-    env.update(pbs_extras(spec, len(cpus)))
-    env.update(slurm_extras(spec, node, ident, len(hosts), len(cpus)))
-    if spec.gpus:
-        gpus = ",".join(map(str, spec.gpus))
-        env.update(
-            CUDA_VISIBLE_DEVICES=gpus, SLURM_JOB_GPUS=gpus, GPU_DEVICE_ORDINAL=gpus
-        )
-    if tmpdir:
-        env["TMPDIR"] = tmpdir
-    return env
-
-
-def pbs_extras(spec: LaunchSpec, ncpus: int) -> dict[str, str]:
-    """What Torque and PBS Pro tell a job besides the basics: its queue, task
-    and vnode numbers (one task, on the first vnode), array index, account."""
-    env = {
-        "PBS_QUEUE": spec.queue,
-        "PBS_TASKNUM": "1",
-        "PBS_VNODENUM": "0",
-        "PBS_NODENUM": "0",
-        "PBS_WALLTIME": str(spec.walltime),
-        "PBS_MOMPORT": "0",
-        "NCPUS": str(ncpus),
-    }
-    if spec.account:
-        env["PBS_ACCOUNT"] = spec.account
-    if spec.array_index is not None:
-        env.update(
-            PBS_ARRAYID=str(spec.array_index),
-            PBS_ARRAY_INDEX=str(spec.array_index),
-            PBS_ARRAY_ID=f"{spec.array_id}[]",
-        )
-    return env
-
-
-def slurm_extras(
-    spec: LaunchSpec, node: str, ident: Identity, nodes: int, ncpus: int
-) -> dict[str, str]:
-    """Slurm's job variables, as sbatch sets them for the batch step."""
-    opts = spec.options
-    per_task = opts.cpus_per_task or 1
-    ntasks = opts.ntasks or max(1, nodes * ncpus // per_task)
-    per_node = opts.tasks_per_node or max(1, ncpus // per_task)
-    env = {
-        "SLURM_JOBID": str(spec.job),
-        "SLURM_NTASKS": str(ntasks),
-        "SLURM_NPROCS": str(ntasks),
-        "SLURM_NNODES": str(nodes),
-        "SLURM_NODELIST": ",".join(spec.hosts or [node]),
-        "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})" if nodes > 1 else str(per_node),
-        "SLURM_JOB_CPUS_PER_NODE": f"{ncpus}(x{nodes})" if nodes > 1 else str(ncpus),
-        "SLURM_JOB_PARTITION": spec.queue,
-        "SLURM_JOB_USER": ident.user,
-        "SLURM_JOB_UID": str(ident.uid),
-        "SLURM_JOB_GID": str(ident.gid),
-        "SLURM_NODEID": "0",
-        "SLURM_PROCID": "0",
-        "SLURM_LOCALID": "0",
-        "SLURMD_NODENAME": node,
-        "SLURM_RESTART_COUNT": str(spec.reruns),
-        "SLURM_SUBMIT_HOST": spec.env.get("PBS_O_HOST", node),
-    }
-    if opts.cpus_per_task:
-        env["SLURM_CPUS_PER_TASK"] = str(opts.cpus_per_task)
-    if opts.tasks_per_node:
-        env["SLURM_NTASKS_PER_NODE"] = str(opts.tasks_per_node)
-    if spec.mem_kb:  # what it holds on each node (mem_kb: all of its nodes here)
-        nodes_here = len(spec.hosts) if spec.other_cores else 1
-        env["SLURM_MEM_PER_NODE"] = str(spec.mem_kb // nodes_here // 1024)
-    if spec.account:
-        env["SLURM_JOB_ACCOUNT"] = spec.account
-    if spec.gpus:
-        env["SLURM_GPUS_ON_NODE"] = str(len(spec.gpus))
-    if spec.array_index is not None:
-        env.update(
-            SLURM_ARRAY_TASK_ID=str(spec.array_index),
-            SLURM_ARRAY_JOB_ID=str(spec.array_id),
-        )
-    return env
 
 
 class Launcher:

@@ -15,12 +15,8 @@ import time
 from collections.abc import Sequence
 
 from minibatch.core.job import JobResult
-from minibatch.node.launcher import (
-    Launcher,
-    LaunchError,
-    effective_identity,
-    resolve_identity,
-)
+from minibatch.node.identity import LaunchError, effective_identity, resolve_identity
+from minibatch.node.launcher import Launcher
 from minibatch.node.ownership import Run
 from minibatch.node.procfs import Proc
 

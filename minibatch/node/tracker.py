@@ -19,7 +19,7 @@ from minibatch.core.units import format_cpu_list
 from minibatch.node import procfs, records, resizer
 from minibatch.node.cgroup import JobCgroup
 from minibatch.node.exits import ExitWatch
-from minibatch.node.launcher import LaunchError, describe_os_error
+from minibatch.node.identity import LaunchError, describe_os_error
 from minibatch.node.ownership import Run, ended_report, failed_report
 from minibatch.node.supervisor import Report, Supervisor
 from minibatch.protocol.messages import (

@@ -16,14 +16,13 @@ from minibatch.config import Config, NodeConfig
 from minibatch.core.job import JobResult
 from minibatch.errors import InvalidArgument
 from minibatch.node import exits, procfs, records
-from minibatch.node.launcher import (
+from minibatch.node.identity import (
     Identity,
     LaunchError,
     describe_exec_error,
-    job_environment,
-    nodefile_lines,
     resolve_identity,
 )
+from minibatch.node.jobenv import job_environment, nodefile_lines
 from minibatch.node.ownership import Run, ended_report
 from minibatch.node.service import _parse, cpu_map, main, node_settings
 from minibatch.protocol.messages import LaunchSpec
