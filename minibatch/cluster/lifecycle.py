@@ -37,6 +37,7 @@ from minibatch.cluster.probe import (
 from minibatch.config import Config, Paths, mqtt_url
 from minibatch.errors import InvalidArgument, MinibatchError, Unavailable
 from minibatch.net.client import Client
+from minibatch.node import reaper
 from minibatch.protocol.messages import NodeList, QueryNodes, ServerStatus, Status
 
 #: Seconds a daemon gets between SIGTERM and SIGKILL in :func:`down`.
@@ -392,9 +393,13 @@ def _await_exit(procs: list[psutil.Process], timeout: float) -> None:
 def _running(proc: psutil.Process) -> bool:
     try:
         if proc.status() != psutil.STATUS_ZOMBIE:
-            return True
+            # A node daemon that left its jobs running (--keep-running)
+            # becomes their reaper, the same pid: it has stopped serving.
+            return reaper.PROGRAM not in proc.cmdline()
     except psutil.NoSuchProcess:
         return False
+    except psutil.Error:  # not ours to read: it runs
+        return True
     with contextlib.suppress(ChildProcessError):
         os.waitpid(proc.pid, os.WNOHANG)
     return False

@@ -76,7 +76,7 @@ class ExitWatch:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._pids: set[int] = set()
-        #: Events were lost (the buffer overflowed): a status not seen may be one.
+        #: Events were lost (the buffer overflowed): said once in the log.
         self.lossy = False
 
     @classmethod
@@ -114,11 +114,6 @@ class ExitWatch:
 
     def watch(self, pid: int) -> None:
         self._pids.add(pid)
-
-    @property
-    def watched(self) -> frozenset[int]:
-        """The pids whose exit has not been seen yet."""
-        return frozenset(self._pids)
 
     def drain(self, on_exit: Callable[[int, int], None]) -> None:
         """Read what arrived; pass each watched pid's wait status to

@@ -21,7 +21,9 @@ so a job's start is never delivered after its end.
 reported ``node_fail`` "node daemon stopped", which puts it back in the queue when
 it may run again; the reports get a short best-effort flush; the daemon exits 0.
 SIGUSR2 stops the daemon the same way but leaves the jobs running in their
-cgroups (``mb down --keep-running``), for the next daemon of this node.
+cgroups (``mb down --keep-running``), for the next daemon of this node, and
+then the process becomes their reaper (:mod:`.reaper`), so that how they end
+is kept for that daemon.
 
 On start the daemon becomes a child subreaper (orphans of jobs come back to it),
 re-adopts the jobs an earlier daemon of this node left running in their cgroups
@@ -61,7 +63,7 @@ from minibatch.errors import (
 from minibatch.net.aio import AsyncClient
 from minibatch.net.keys import load_client
 from minibatch.net.limits import raise_fd_limit
-from minibatch.node import procfs
+from minibatch.node import procfs, reaper
 from minibatch.node.cgroup import Cgroups
 from minibatch.node.launcher import Launcher
 from minibatch.node.tracker import Report, Tracker
@@ -158,6 +160,9 @@ class NodeDaemon:
         #: Whether the last request was answered (None: none sent yet); logs
         #: are written only when this changes.
         self._reachable: bool | None = None
+        #: Jobs left running by ``mb down --keep-running`` that are our
+        #: children (top pid -> job): this process becomes their reaper.
+        self.reap_after: dict[int, int] = {}
 
     async def run(self) -> None:
         raise_fd_limit()
@@ -202,8 +207,9 @@ class NodeDaemon:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._beat(), _FLUSH_S)
         if keep.is_set() and self.tracker.cgroups is not None:
-            kept = self.tracker.detach()
-            log.info("stopping: leaving %d job(s) running in their cgroups", len(kept))
+            kept = len(self.tracker.running())
+            self.reap_after = self.tracker.detach()
+            log.info("stopping: leaving %d job(s) running in their cgroups", kept)
         else:
             if keep.is_set():
                 log.warning("cannot keep jobs running without cgroups: killing them")
@@ -536,4 +542,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         lock.close()
+    if daemon.reap_after:
+        # The next daemon may start now (the lock is free); the jobs left
+        # running are still our children: keep their ends for it.
+        log.info("waiting for %d job(s) as their reaper", len(daemon.reap_after))
+        try:
+            reaper.become(paths.spool, daemon.reap_after)
+        except OSError as exc:
+            log.error("cannot become the jobs' reaper: %s", exc)
     return 0

@@ -54,7 +54,7 @@ from collections.abc import Callable
 
 from minibatch.config import NodeDaemonConfig
 from minibatch.core.job import JobResult
-from minibatch.node import limits, procfs, records, shm
+from minibatch.node import limits, procfs, reaper, records, shm
 from minibatch.node.cgroup import Cgroups, JobCgroup
 from minibatch.node.exits import ExitWatch
 from minibatch.node.launcher import Launcher
@@ -416,14 +416,6 @@ class Supervisor:
                 run.status = status
                 self._settle(run)
 
-    def _may_yet_hear(self, run: Run) -> bool:
-        """Whether ``run``'s exit event may still come (its first tick without
-        its top process, events watched for it, none lost)."""
-        exits = self.exits
-        if exits is None or run.exit_awaited or exits.lossy:
-            return False
-        return run.pid in exits.watched
-
     def _stop_watching_exits(self) -> None:
         exits, self.exits = self.exits, None
         if exits is not None:
@@ -458,14 +450,20 @@ class Supervisor:
                 self._settle(run, table)
             elif run.adopted and all(p.pid != run.pid for p in live):
                 # Its top process exited (reaped by whoever inherited it): what
-                # is left goes, as for any job (see _settle). Its exit event
-                # comes after it left /proc: wait a tick for it while one may.
+                # is left goes, as for any job (see _settle). Its exit event,
+                # or the file of the reaper that inherited it, comes after it
+                # left /proc: wait a tick for them.
                 self._exited()
                 if self._own.jobs.get(run.spec.job) is not run:
                     continue
                 if run.status is not None:
                     continue
-                if self._may_yet_hear(run):
+                ended = reaper.read(self.launcher.spool, run.spec.job)
+                if ended is not None:
+                    run.status = ended.status
+                    self._settle(run, table)
+                    continue
+                if not run.exit_awaited:
                     run.exit_awaited = True
                     continue
                 if not live:

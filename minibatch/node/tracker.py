@@ -16,7 +16,7 @@ import time
 
 from minibatch.core.job import JobResult
 from minibatch.core.units import format_cpu_list
-from minibatch.node import procfs, records, resizer
+from minibatch.node import procfs, reaper, records, resizer
 from minibatch.node.cgroup import JobCgroup
 from minibatch.node.exits import ExitWatch
 from minibatch.node.identity import LaunchError, describe_os_error
@@ -33,6 +33,9 @@ from minibatch.protocol.messages import (
 __all__ = ["Report", "Tracker"]
 
 log = logging.getLogger(__name__)
+#: How long a restarted daemon waits for a reaper to write the end of a job
+#: whose top process it has not reaped yet.
+_REAPER_WAIT_S = 0.5
 
 
 def _top(pids: list[int]) -> int:
@@ -109,24 +112,39 @@ class Tracker(Supervisor):
             self._signal_tree(run, signal.SIGKILL)
             self._finish(run)
 
-    def detach(self) -> list[int]:
+    def detach(self) -> dict[int, int]:
         """Stop supervising, leaving every job running in its cgroups for the
-        next daemon to re-adopt (``mb down --keep-running``). Returns their ids."""
-        kept = self.running()
+        next daemon to re-adopt (``mb down --keep-running``). Returns the top
+        processes that are our children (pid -> job), whose ends a
+        :mod:`~minibatch.node.reaper` must keep."""
+        # Their ends are the reaper's to keep from now on: reaping here would
+        # take them (and pass them to nobody).
+        if self._loop is not None:
+            self._loop.remove_signal_handler(signal.SIGCHLD)
+        if self._ticker is not None:
+            self._ticker.cancel()
+        tops: dict[int, int] = {}
         for run in list(self._own.jobs.values()):
             for handle in run.timers:
                 handle.cancel()
             if run.popen is not None:
-                # Never waited on again by this process: its next owner reaps it.
+                # Never waited on again by this process: the reaper it
+                # becomes waits for it.
                 run.popen.returncode = -1
+                if run.status is None:
+                    tops[run.pid] = run.spec.job
+                else:  # ended, its leftovers not yet gone: say how, now
+                    end = reaper.ExitRecord(status=run.status, end=time.time())
+                    reaper.write(self.launcher.spool, run.spec.job, end)
             self._own.remove(run)
         self._idle.set()
-        return kept
+        return tops
 
     def recover(self) -> tuple[list[int], list[int]]:
         """Before the first hello: re-adopt the jobs an earlier daemon of this
         node left running in their cgroups, and report the others: ended by
-        themselves meanwhile (their cgroup is empty; how is not known), or
+        themselves meanwhile (their cgroup is empty; how, if the earlier
+        daemon became their reaper), or
         killed now (without cgroups they cannot be supervised; they may run
         again). Returns (re-adopted, reported) job ids."""
         adopted: list[int] = []
@@ -161,6 +179,7 @@ class Tracker(Supervisor):
                 adopted.append(rec.spec.job)
                 log.info("job %s: re-adopted (pid %d)", rec.spec.display_id, rec.pid)
                 continue
+            ended = self._exit_of(rec)
             n = procfs.kill_job_remains(rec.pid, rec.spec.uid, cg)
             self.launcher.cleanup(rec.spec.job)
             killed.append(rec.spec.job)
@@ -169,7 +188,7 @@ class Tracker(Supervisor):
                 # Its cgroup is empty, or gone: removed by the earlier daemon
                 # when the job ended, before that daemon could report it.
                 log.info("job %s: ended while no daemon ran", rec.spec.display_id)
-                self._emit(self._ended_unseen(rec, cg))
+                self._emit(self._ended_unseen(rec, cg, ended))
                 if cg is not None:
                     cg.remove()
                 continue
@@ -195,19 +214,43 @@ class Tracker(Supervisor):
             self._watch_exits(exits, watched)
         elif exits is not None:
             exits.close()
+        reaper.remove_stale(self.launcher.spool)
         return adopted, killed
 
-    def _ended_unseen(self, rec: records.RunRecord, cg: JobCgroup | None) -> JobEnded:
-        """The end of a job that ended while no daemon of its node ran (what it
-        used is known while its cgroup is)."""
+    def _exit_of(self, rec: records.RunRecord) -> reaper.ExitRecord | None:
+        """How a job whose processes are gone ended, if the reaper its last
+        daemon became saw it. Its top process may be a zombie still, the
+        reaper about to write: that takes it a moment."""
+        spool, job = self.launcher.spool, rec.spec.job
+        deadline = time.monotonic() + _REAPER_WAIT_S
+        while (ended := reaper.read(spool, job)) is None and rec.pid:
+            top = procfs.read_stat(rec.pid)
+            if top is None or not top.zombie or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        return ended
+
+    def _ended_unseen(
+        self,
+        rec: records.RunRecord,
+        cg: JobCgroup | None,
+        ended: reaper.ExitRecord | None = None,
+    ) -> JobEnded:
+        """The end of a job that ended while no daemon of its node ran: how,
+        if a reaper kept it (``ended``); what it used is known while its
+        cgroup is."""
         run = Run(rec.spec, None, rec.pid, rec.start, cg=cg, adopted=True)
+        end_time = None
+        if ended is not None:
+            run.status, end_time = ended.status, ended.end
+        unseen = "ended while its node daemon was down"
         if cg is None:
-            return ended_report(run, unseen="ended while its node daemon was down")
+            return ended_report(run, end_time, unseen=unseen)
         run.cputime_s, run.maxrss_kb = cg.cpu_seconds(), cg.peak_kb()
         if cg.oom_kills():
             run.kill_reason = JobResult.OUT_OF_MEMORY
             run.comment = self._oom_comment(run)
-        return ended_report(run, unseen="ended while its node daemon was down")
+        return ended_report(run, end_time, unseen=unseen)
 
     def adopted_pids(self) -> set[int]:
         return {p for run in self._own.jobs.values() if run.cg for p in run.cg.procs()}

@@ -247,6 +247,65 @@ def test_keep_running_and_drain(cluster: ClusterFactory) -> None:
     c.wait_state(queued, "completed")
 
 
+def test_jobs_that_end_while_no_node_daemon_runs_keep_their_exit_status(
+    cluster: ClusterFactory,
+) -> None:
+    """mb down --keep-running (an upgrade): the daemon becomes its jobs'
+    reaper, so a job that ends before the next mb up is reported as it ended,
+    and its afterok dependent runs."""
+    c = cluster(nodes=3, cpus_per_node=1)
+    flag, later = c.work / "go", c.work / "later"
+    wait = f"while [ ! -e {flag} ]; do sleep 0.05; done\n"
+    ok = c.qsub(script(c, "ok.sh", wait + "exit 0\n"))
+    bad = c.qsub(script(c, "bad.sh", wait + "exit 3\n"))
+    # Ends once re-adopted: its reaper's child still, the new daemon's job.
+    late = c.qsub(script(c, "late.sh", wait.replace(str(flag), str(later))))
+    after = c.qsub("-W", f"depend=afterok:{ok}", "--", "true")
+    for jid in (ok, bad, late):
+        c.wait_state(jid, "running")
+    tops = {
+        jid: psutil.Process(c.wait_for(lambda j=jid: c.job(j)["session_id"]))
+        for jid in (ok, bad)
+    }
+    nodes = {n: p for n, p in c.pids().items() if n.startswith("node-")}
+    late_top = psutil.Process(c.wait_for(lambda: c.job(late)["session_id"]))
+    out = c.run("mb", "down", "--keep-running").stdout
+    assert "stopped" in out and not c.pids(), out
+    # Same pids, another program: each node daemon now waits for its jobs.
+    reaper_of = {jid: top.ppid() for jid, top in tops.items()}
+    parents = {*reaper_of.values(), late_top.ppid()}
+    assert parents == set(nodes.values()), (parents, nodes)
+    for pid in parents:
+        cmd = psutil.Process(pid).cmdline()
+        assert "minibatch.node.reaper" in cmd, cmd
+
+    flag.touch()
+    for top in tops.values():
+        top.wait(10)
+    for jid in (ok, bad):
+        c.wait_for(lambda j=jid: (c.paths.spool / f"{j}.exit").exists(), what="end")
+    reapers = {pid: psutil.Process(pid) for pid in parents}
+    done = [reapers.pop(pid) for pid in reaper_of.values()]
+    psutil.wait_procs(done, timeout=10)  # no child left: they are gone
+    assert not any(r.is_running() for r in done)
+
+    c.up()
+    record = c.wait_state(ok, "completed", timeout=30)
+    assert record["exit_status"] == 0 and record["reruns"] == 0, record
+    record = c.wait_state(bad, "failed", timeout=30)
+    assert record["exit_status"] == 3 and "unknown" not in record["comment"], record
+    c.wait_state(after, "completed", timeout=30)
+    assert c.job(late)["state"] == "running"
+    later.touch()
+    record = c.wait_state(late, "completed", timeout=30)
+    assert record["exit_status"] == 0 and record["reruns"] == 0, record
+    psutil.wait_procs(list(reapers.values()), timeout=10)
+    assert not any(r.is_running() for r in reapers.values())
+    assert not list(c.paths.spool.glob("*.exit")) and not list(
+        c.paths.spool.glob("*.run")
+    )
+
+
 def test_without_cgroups_limits_are_sampled_and_jobs_cannot_be_kept(
     cluster: ClusterFactory,
 ) -> None:
