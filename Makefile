@@ -33,6 +33,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 # the build matches the source. The demo goes on without it (plain Python,
 # the same decisions); the tests require it.
 demo: $(VENV)/.installed
+	@$(BIN)/python -c 'import minibatch.native as n; n.fresh() or print("compiling the planning core (about 30 s, once)")'
 	@$(BIN)/python -m minibatch.native || echo "(the scheduler runs as plain Python)"
 	$(BIN)/mb demo $(if $(QUICK),--quick)
 
@@ -83,4 +84,4 @@ bench: $(VENV)/.installed
 
 clean:
 	-$(BIN)/mb down 2>/dev/null
-	rm -rf $(VENV) .demo-home .pytest_cache .mypy_cache .ruff_cache minibatch/policy/_native
+	rm -rf $(VENV) .demo-home .pytest_cache .mypy_cache .ruff_cache minibatch/policy/_native*

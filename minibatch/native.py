@@ -7,22 +7,30 @@ question. mypyc (part of mypy) compiles those typed modules unchanged into C
 extensions: the same code, the same decisions, about twice as fast
 (docs/benchmarks.md, "Scheduler pass"). The Python source stays the one truth:
 
-* ``python -m minibatch.native`` (``make``) compiles :data:`MODULES` into
-  ``minibatch/policy/_native/`` with a digest of their source;
+* ``python -m minibatch.native`` (``make native``) compiles :data:`MODULES`
+  into ``minibatch/policy/_native/`` with a stamp: a digest of every
+  first-party module they import (mypyc builds in the types those declare)
+  and of this interpreter's ABI, and the size of each library it made;
 * :func:`attach` (run by ``minibatch/policy/__init__.py``) puts that directory
-  first on the package's path only while the digest matches the source on disk
-  and this interpreter, so an edited module is never shadowed by the build of
-  its old text: until the next ``make``, the package runs as plain Python.
+  first on the package's path only while the stamp matches what is on disk
+  and the libraries load, so an edited module is never shadowed by the build
+  of its old text: until the next build, the package runs as plain Python.
   ``MB_PURE_PYTHON=1`` runs it as plain Python regardless.
 
 Without a C compiler or mypy the build says why and the package stays pure
-Python: slower, never different.
+Python: slower, never different. The compiled classes (``Pass``, ``Book``,
+``Profile``, ``Timeline``, ``Search``) cannot be subclassed or patched from
+plain Python: policies compose them.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import fcntl
 import hashlib
+import importlib
+import json
 import os
 import shutil
 import sys
@@ -48,34 +56,87 @@ STAMP = "SOURCES"
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def digest(root: str = _ROOT) -> str:
-    """What a build depends on: the modules' text, this interpreter's ABI."""
+def _policy_dir(root: str) -> str:
+    return os.path.join(root, "minibatch", "policy")
+
+
+def sources(root: str = _ROOT) -> list[str]:
+    """:data:`MODULES` and every ``minibatch`` module they import, directly
+    or not (package ``__init__`` files too), as paths from ``root``."""
+    found: dict[str, None] = {}
+    todo = list(MODULES)
+    while todo:
+        rel = todo.pop()
+        if rel in found:
+            continue
+        found[rel] = None
+        with open(os.path.join(root, rel), "rb") as f:
+            tree = ast.parse(f.read(), rel)
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] != "minibatch":
+                    continue
+                for k in range(1, len(parts) + 1):  # each package on the way
+                    base = os.path.join(*parts[:k])
+                    for cand in (f"{base}.py", os.path.join(base, "__init__.py")):
+                        if os.path.exists(os.path.join(root, cand)):
+                            todo.append(cand.replace(os.sep, "/"))
+    return sorted(found)
+
+
+def digest(root: str, files: list[str]) -> str:
+    """What a build depends on: ``files`` (path, length and text of each) and
+    this interpreter's ABI."""
     h = hashlib.blake2b(digest_size=16)
     h.update(str(sysconfig.get_config_var("EXT_SUFFIX")).encode())
-    for rel in MODULES:
+    for rel in files:
         with open(os.path.join(root, rel), "rb") as f:
-            h.update(f.read())
+            data = f.read()
+        h.update(b"%s\0%d\0" % (rel.encode(), len(data)))
+        h.update(data)
     return h.hexdigest()
 
 
 def fresh(root: str = _ROOT) -> bool:
-    """Whether the build in ``root`` was made from the modules as they are."""
+    """Whether the build in ``root`` was made from the sources as they are,
+    and its libraries are the ones it made."""
+    where = os.path.join(_policy_dir(root), DIRNAME)
     try:
-        with open(os.path.join(root, "minibatch", "policy", DIRNAME, STAMP)) as f:
-            stamp = f.read().strip()
-    except OSError:
+        with open(os.path.join(where, STAMP)) as f:
+            stamp = json.load(f)
+        if stamp["digest"] != digest(root, stamp["files"]):
+            return False
+        return all(
+            os.path.getsize(os.path.join(where, name)) == size
+            for name, size in stamp["libraries"].items()
+        )
+    except (OSError, ValueError, KeyError, TypeError):
         return False
-    try:
-        return stamp == digest(root)
-    except OSError:
-        return False
+
+
+def _pure() -> bool:
+    return os.environ.get("MB_PURE_PYTHON", "").lower() not in ("", "0", "no", "false")
 
 
 def attach(path: list[str]) -> bool:
     """Put a fresh build first on ``path`` (``minibatch.policy.__path__``)."""
-    if os.environ.get("MB_PURE_PYTHON") or not fresh():
+    if _pure() or not fresh():
         return False
-    path.insert(0, os.path.join(_ROOT, "minibatch", "policy", DIRNAME))
+    where = os.path.join(_policy_dir(_ROOT), DIRNAME)
+    path.insert(0, where)
+    try:
+        # Loaded now, so that a library that cannot load (another libc, a
+        # broken copy) leaves the package pure instead of failing later.
+        importlib.import_module(f"{GROUP}__mypyc")
+    except (ImportError, OSError):
+        path.remove(where)
+        return False
     return True
 
 
@@ -89,52 +150,89 @@ def compiled() -> bool:
 def build(root: str = _ROOT) -> str:
     """Compile :data:`MODULES` into ``minibatch/policy/_native``; what was done.
 
-    Raises RuntimeError (the reason) when it cannot: no mypy, no C compiler.
+    Raises RuntimeError (the reason) when it cannot: no mypy, no C compiler,
+    no Python headers, a directory it may not write.
     """
-    dest = os.path.join(root, "minibatch", "policy", DIRNAME)
+    policy = _policy_dir(root)
+    dest = os.path.join(policy, DIRNAME)
     if fresh(root):
         return f"up to date ({dest})"
-    stamp = digest(root)
+    if not os.access(policy, os.W_OK):
+        raise RuntimeError(f"cannot write {policy} (run as the owner of the install)")
     try:
-        from mypyc.build import mypycify
-        from setuptools import Distribution
+        import mypyc.build  # noqa: F401
+        import setuptools  # noqa: F401
     except ImportError as e:
         raise RuntimeError(f"no mypyc ({e.name} is not installed)") from e
-    if not shutil.which(str(sysconfig.get_config_var("CC") or "cc").split()[0]):
-        raise RuntimeError("no C compiler (install gcc)")
+    cc = os.environ.get("CC") or str(sysconfig.get_config_var("CC") or "cc")
+    if not shutil.which(cc.split()[0]):
+        raise RuntimeError(f"no C compiler ({cc.split()[0]}: install gcc)")
     include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(include, "Python.h")):
         raise RuntimeError(f"no Python headers in {include} (install python3-dev)")
+    with open(os.path.join(policy, DIRNAME + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time
+        if fresh(root):
+            return f"up to date ({dest})"
+        files = sources(root)
+        stamp = digest(root, files)
+        with tempfile.TemporaryDirectory(prefix="mb-native-") as tmp:
+            built = _compile(root, tmp)
+            if digest(root, files) != stamp:
+                raise RuntimeError("the sources changed during the build: run it again")
+            _install(dest, built, {"digest": stamp, "files": files})
+    return f"compiled {len(MODULES)} modules into {dest}"
+
+
+def _compile(root: str, tmp: str) -> str:
+    """Run mypyc and the C compiler in ``tmp``; where the libraries are."""
+    from mypyc.build import mypycify
+    from setuptools import Distribution
+
+    # mypy reads no configuration but this one: a user's (a plugin is code)
+    # must not run in a build made as root, nor leave a cache in the install.
+    config = os.path.join(tmp, "mypy.ini")
+    with open(config, "w") as f:
+        f.write("[mypy]\n")
+    options = ["--config-file", config, "--cache-dir", os.path.join(tmp, "cache")]
+    log = os.path.join(tmp, "build.log")
     cwd = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="mb-native-") as tmp:
-        log = os.path.join(tmp, "build.log")
-        os.chdir(root)  # mypy names modules by their path from here
-        try:
-            # mypy, setuptools and gcc all talk: into a log, shown on failure.
-            with _quiet(log):
-                exts = mypycify(
-                    list(MODULES), opt_level="3", group_name=GROUP, target_dir=tmp
-                )
-                dist = Distribution({"ext_modules": exts, "script_name": "native"})
-                cmd = dist.get_command_obj("build_ext")
-                cmd.build_lib = os.path.join(tmp, "lib")
-                cmd.build_temp = os.path.join(tmp, "obj")
-                cmd.ensure_finalized()
-                cmd.run()
-        except (Exception, SystemExit) as e:
-            with open(log, errors="replace") as f:
-                tail = "".join(f.readlines()[-20:])
-            raise RuntimeError(f"mypyc failed: {e}\n{tail}") from e
-        finally:
-            os.chdir(cwd)
-        built = os.path.join(tmp, "lib", "minibatch", "policy")
-        # Made aside and renamed into place: a daemon importing meanwhile sees
-        # the old build or the new one, never half of one.
-        new = tempfile.mkdtemp(prefix=DIRNAME + ".", dir=os.path.dirname(dest))
+    os.chdir(root)  # mypy names modules by their path from here
+    try:
+        # mypy, setuptools and gcc all talk: into a log, shown on failure.
+        with _quiet(log):
+            exts = mypycify(
+                [*options, *MODULES], opt_level="3", group_name=GROUP, target_dir=tmp
+            )
+            dist = Distribution({"ext_modules": exts, "script_name": "native"})
+            cmd = dist.get_command_obj("build_ext")
+            cmd.build_lib = os.path.join(tmp, "lib")
+            cmd.build_temp = os.path.join(tmp, "obj")
+            cmd.ensure_finalized()
+            cmd.run()
+    except (Exception, SystemExit) as e:
+        with open(log, errors="replace") as f:
+            tail = "".join(f.readlines()[-20:])
+        raise RuntimeError(f"mypyc failed: {e}\n{tail}") from e
+    finally:
+        os.chdir(cwd)
+    return os.path.join(tmp, "lib", "minibatch", "policy")
+
+
+def _install(dest: str, built: str, stamp: dict[str, object]) -> None:
+    """Move the libraries in ``built`` to ``dest`` with their stamp: made
+    aside and renamed into place, so a daemon importing meanwhile sees the
+    old build or the new one, never half of one."""
+    new = tempfile.mkdtemp(prefix=DIRNAME + ".", dir=os.path.dirname(dest))
+    try:
+        libraries = {}
         for name in sorted(os.listdir(built)):
-            shutil.copy2(os.path.join(built, name), new)
+            shutil.copyfile(os.path.join(built, name), os.path.join(new, name))
+            os.chmod(os.path.join(new, name), 0o755)
+            libraries[name] = os.path.getsize(os.path.join(new, name))
         with open(os.path.join(new, STAMP), "w") as f:
-            f.write(stamp + "\n")
+            json.dump({**stamp, "libraries": libraries}, f, indent=1)
+        os.chmod(os.path.join(new, STAMP), 0o644)
         os.chmod(new, 0o755)
         old = dest + ".old"
         shutil.rmtree(old, ignore_errors=True)
@@ -142,7 +240,9 @@ def build(root: str = _ROOT) -> str:
             os.rename(dest, old)
         os.rename(new, dest)
         shutil.rmtree(old, ignore_errors=True)
-    return f"compiled {len(MODULES)} modules into {dest}"
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
 
 
 @contextlib.contextmanager
@@ -168,7 +268,7 @@ def _quiet(log: str) -> Iterator[None]:
 def main() -> int:
     try:
         print(f"minibatch.native: {build()}")
-    except RuntimeError as e:
+    except (RuntimeError, OSError) as e:
         print(f"minibatch.native: staying pure Python: {e}", file=sys.stderr)
         return 1
     return 0

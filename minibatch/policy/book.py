@@ -45,14 +45,16 @@ def releases(
     """What each node of ``names`` gets back from the running jobs: (end, CPUs)
     when ``plain``, else (end, CPUs, memory, GPUs); a job past its requested
     end gives back *now*. ``index``: node name -> position (made if None)."""
-    now, running = snap.now, snap.running
+    # Times are floats from here on, whatever the snapshot holds (a simulator's
+    # ints): the compiled core makes them so, and plain Python must agree.
+    now, running = float(snap.now), snap.running
     if len(names) == 1 and plain:
         # A flat pool of CPUs (the classic simulated machine): one
         # comprehension, no per-node bookkeeping.
         only = names[0]
         return [
             [
-                (e if (e := r.start_time + r.walltime) > now else now, cpus)
+                (e if (e := float(r.start_time + r.walltime)) > now else now, cpus)
                 for r in running
                 for name, cpus in r.nodes
                 if name == only
@@ -62,7 +64,7 @@ def releases(
         index = {name: i for i, name in enumerate(names)}
     out: list[list[Release]] = [[] for _ in names]
     for r in running:
-        end = r.start_time + r.walltime
+        end = float(r.start_time + r.walltime)
         if end < now:
             end = now
         mem = r.mem_kb_per_node or 0
@@ -94,7 +96,7 @@ class Book:
     )
 
     def __init__(self, snap: ClusterSnapshot) -> None:
-        now = self.now = snap.now
+        now = self.now = float(snap.now)  # see releases()
         names: list[str] = []
         cpus: list[int] = []
         mem: list[int | None] = []
@@ -154,16 +156,16 @@ class Book:
                 self.views[resv.name] = self._view(resv, inside.get(resv.name, ()))
         for resv in active:
             label = f"run into reservation {resv.name!r}"
-            start = None if resv.start <= now else resv.start
+            start = None if resv.start <= now else float(resv.start)
             for name, cpus in resv.nodes:
                 i = self.index.get(name)
                 if i is None:
                     continue
-                general.add(i, start, resv.end, -cpus, 0, 0, label)
+                general.add(i, start, float(resv.end), -cpus, 0, 0, label)
                 # Jobs inside it already hold some of these CPUs.
                 for run in inside.get(resv.name, ()):
                     held = sum(c for n, c in run.nodes if n == name)
-                    until = min(run.expected_end(now), resv.end)
+                    until = float(min(run.expected_end(now), resv.end))
                     if held and until > now:
                         general.add(i, None, until, held, 0, 0, label)
 
@@ -189,7 +191,7 @@ class Book:
                 for r in jobs
             ]
             segments = general.segments(i)
-            cuts = {t for t in (resv.start, resv.end) if now < t < INF}
+            cuts = {float(t) for t in (resv.start, resv.end) if now < t < INF}
             cuts -= {seg[0] for seg in segments[1:]}
             for t in sorted(cuts):
                 k = max(j for j, seg in enumerate(segments) if seg[0] <= t)

@@ -49,7 +49,7 @@ class Pass:
 
     def __init__(self, snap: ClusterSnapshot) -> None:
         self.snap = snap
-        self.now = snap.now
+        self.now = float(snap.now)  # as the book's (book.releases)
         self.book = Book(snap)
         self.starts: list[Start] = []
         self.backfilled: list[int] = []

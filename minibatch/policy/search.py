@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
-from minibatch.policy.timeline import INF
+from minibatch.policy.timeline import INF, NATIVE
 
 if TYPE_CHECKING:
     from minibatch.policy.profile import Profile
@@ -88,16 +88,22 @@ class _Bounds:
 
     def settle(self, raised: list[int]) -> None:
         """Put the nodes whose bounds a search raised in place back in order
-        (those that can never hold the job out). A search raises a few of
-        the nodes: moving those costs less than sorting them all again."""
+        (those that can never hold the job out). Compiled, moving the few a
+        search raises costs less than sorting them all again."""
         order, values = self.order, self.values
+        if not NATIVE:
+            # In the interpreter one sort by a key (in C) costs less.
+            order.sort(key=values.__getitem__)
+            while order and values[order[-1]] == INF:
+                order.pop()
+            return
         for i in raised:
             order.remove(i)
         for i in raised:
             v = values[i]
             if v < INF:
-                # bisect.insort with a key calls it from C; this loop is
-                # the compiled module's own (minibatch/native.py).
+                # bisect.insort with a key would call it from C for each
+                # probe; compiled, this loop is plain C.
                 lo, hi = 0, len(order)
                 while lo < hi:
                     mid = (lo + hi) >> 1

@@ -28,17 +28,16 @@ from bisect import bisect_left, bisect_right
 from typing import Final
 
 INF: Final = float("inf")
-#: Whether this module runs compiled (minibatch/native.py). The few helpers
-#: below branch on it: in the interpreter, bisect's C functions and ``min``
-#: of a slice beat any loop of ours; compiled, a loop over the list is plain
-#: C and beats a call into them with boxed numbers. The answers are the same.
+#: Whether this module runs compiled (minibatch/native.py). The hot walk of
+#: :meth:`Timeline.start` branches on it: in the interpreter, bisect's C
+#: functions and ``min`` of a slice beat any loop of ours (and a call of a
+#: helper costs more than they do); compiled, a loop over the list is plain C
+#: and beats a call into them with boxed numbers. The answers are the same.
 NATIVE: Final = not __file__.endswith(".py")
 
 
 def _left(a: list[float], x: float, lo: int) -> int:
-    """``bisect_left(a, x, lo)``."""
-    if not NATIVE:
-        return bisect_left(a, x, lo)
+    """``bisect_left(a, x, lo)``, as compiled code does it faster."""
     hi = len(a)
     while lo < hi:
         mid = (lo + hi) >> 1
@@ -50,9 +49,7 @@ def _left(a: list[float], x: float, lo: int) -> int:
 
 
 def _right(a: list[float], x: float, lo: int) -> int:
-    """``bisect_right(a, x, lo)``."""
-    if not NATIVE:
-        return bisect_right(a, x, lo)
+    """``bisect_right(a, x, lo)``, as compiled code does it faster."""
     hi = len(a)
     while lo < hi:
         mid = (lo + hi) >> 1
@@ -281,7 +278,8 @@ class Timeline:
             if self._lo < INF:
                 self._settle()
             starts, ends = self.starts, self.ends
-        for h in range(_right(ends, x, 0), len(starts)):
+        h0 = _right(ends, x, 0) if NATIVE else bisect_right(ends, x)
+        for h in range(h0, len(starts)):
             a = starts[h]
             if a < x:
                 a = x
@@ -297,8 +295,12 @@ class Timeline:
             times, cpu, dip = self.times, self.cpu, self.dip
             free = self.mem if mem else None
             gpu = self.gpu if gpus else None
-            k = _right(times, a, 0) - 1
-            stop = _left(times, end_of_hole, k)
+            if NATIVE:
+                k = _right(times, a, 0) - 1
+                stop = _left(times, end_of_hole, k)
+            else:
+                k = bisect_right(times, a) - 1
+                stop = bisect_left(times, end_of_hole, k)
             while True:
                 # The first change point from k on with room (none: next hole).
                 while (
@@ -320,10 +322,20 @@ class Timeline:
                     end = t + w
                     if end <= dip:
                         return t  # values only rise before the node's first dip
-                    ke = _left(times, end, k + 1)
-                    k += 1
-                    if ke == k or _room(cpu, free, gpu, k, ke, need):
-                        return t
+                    if NATIVE:
+                        ke = _left(times, end, k + 1)
+                        k += 1
+                        if ke == k or _room(cpu, free, gpu, k, ke, need):
+                            return t
+                    else:
+                        ke = bisect_left(times, end, k + 1)
+                        k += 1
+                        if ke == k or (
+                            min(cpu[k:ke]) >= ppn
+                            and (free is None or min(free[k:ke]) >= mem)
+                            and (gpu is None or min(gpu[k:ke]) >= gpus)
+                        ):
+                            return t
                     # Every start up to the last point in the window without
                     # room overlaps it: look after it.
                     k = ke - 1

@@ -206,10 +206,11 @@ class Scheduler:
                 last_hello = time.monotonic()
             if not registered:
                 registered = True
+                core = "compiled" if native.compiled() else "plain Python"
                 log.info(
                     "registered with the server (policy %s; planning core %s)",
                     self.policy_label,
-                    "compiled" if native.compiled() else "plain Python: make native",
+                    core,
                 )
                 notify_ready()  # again after a lost server: systemd ignores it
             await self._wait(stop)

@@ -4,13 +4,15 @@ used.
 
 ``make test`` compiles it first (``make native``), so this process plans
 compiled; a second interpreter started with ``MB_PURE_PYTHON=1`` plans the
-same snapshots from the source, and the encoded plans must be the same bytes
-(so an int that became a float would show too).
+same snapshots (pickled: the very same values and types) from the source, and
+the encoded plans must be the same bytes (so an int that became a float would
+show too).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import struct
 import subprocess
@@ -35,17 +37,15 @@ POLICIES = registry.available()
 
 # Plans each (policy, snapshot) it reads from stdin, as plain Python.
 WORKER = r"""
-import struct, sys
+import pickle, struct, sys
 import msgspec
 from minibatch import native
-from minibatch.core.snapshot import ClusterSnapshot
 from minibatch.policy import registry
 assert not native.compiled(), "MB_PURE_PYTHON=1 must plan from the source"
-dec = msgspec.msgpack.Decoder(tuple[str, ClusterSnapshot])
 enc = msgspec.msgpack.Encoder()
 read, write = sys.stdin.buffer.read, sys.stdout.buffer
 while head := read(4):
-    name, snap = dec.decode(read(struct.unpack(">I", head)[0]))
+    name, snap = pickle.loads(read(struct.unpack(">I", head)[0]))
     out = enc.encode(registry.load(name).plan(snap))
     write.write(struct.pack(">I", len(out)) + out)
     write.flush()
@@ -64,11 +64,10 @@ class Pure:
             env=env,
             cwd=ROOT,
         )
-        self.enc = msgspec.msgpack.Encoder()
 
     def plan(self, name: str, snap: ClusterSnapshot) -> bytes:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        data = self.enc.encode((name, snap))
+        data = pickle.dumps((name, snap))
         self.proc.stdin.write(struct.pack(">I", len(data)) + data)
         self.proc.stdin.flush()
         head = self.proc.stdout.read(4)
@@ -133,6 +132,29 @@ def test_compiled_and_python_plan_alike_on_a_deep_queue(pure: Pure, mode) -> Non
         same_plan(pure, name, snap)
 
 
+def with_int_times(snap: ClusterSnapshot) -> ClusterSnapshot:
+    """``snap`` with every time a whole number of type int, as a simulator
+    reading a trace may build it: the compiled core turns them into floats,
+    and plain Python must plan the same floats."""
+    replace = msgspec.structs.replace
+    running = tuple(
+        replace(r, start_time=int(r.start_time), walltime=int(r.walltime))
+        for r in snap.running
+    )
+    pending = [replace(j, submit_time=int(j.submit_time)) for j in snap.pending]
+    return replace(snap, now=int(snap.now), running=running, pending=pending)
+
+
+@pytest.mark.timeout(300)
+def test_compiled_and_python_plan_alike_with_int_times(pure: Pure) -> None:
+    snap = with_int_times(bench_snapshot(800, nodes=16, cpus=8, seed=3))
+    assert type(snap.now) is int
+    for name in POLICIES:
+        same_plan(pure, name, snap)
+    plan = registry.load("conservative").plan(snap)
+    assert plan.predicted and all(type(t) is float for t in plan.predicted.values())
+
+
 def run_copy(root: Path, **env: str) -> str:
     """Whether a process running the package at ``root`` plans compiled."""
     code = "from minibatch import native; print(native.compiled())"
@@ -164,8 +186,17 @@ def test_a_build_is_used_only_while_it_matches_the_source(tmp_path: Path) -> Non
     assert run_copy(tmp_path) == "False"
     source.write_text(source.read_text().removesuffix("# edited\n"))
     assert run_copy(tmp_path) == "True"
-    # A build without its stamp is not trusted either.
-    (tmp_path / "minibatch" / "policy" / native.DIRNAME / native.STAMP).unlink()
+    # So does an edit of a module whose types the build compiled against.
+    types = tmp_path / "minibatch" / "core" / "job.py"
+    text = types.read_text()
+    types.write_text(text + "# edited\n")
+    assert run_copy(tmp_path) == "False"
+    types.write_text(text)
+    # A build missing a library, or its stamp, is not trusted either.
+    built = tmp_path / "minibatch" / "policy" / native.DIRNAME
+    (next(built.glob("native__mypyc*"))).unlink()
+    assert run_copy(tmp_path) == "False"
+    (built / native.STAMP).unlink()
     assert run_copy(tmp_path) == "False"
 
 

@@ -3,7 +3,9 @@
 :class:`~tests.unit.profile_reference.ReferenceProfile` answers every question
 the obvious way (no bounds, caches or holes). Two properties:
 
-* plans: conservative, EASY and backfilling with a depth plan random snapshots
+* plans (in plain Python: the reference is patched into the book, which
+  compiled code would not see): conservative, EASY and backfilling with a
+  depth plan random snapshots
   (nodes with CPUs, memory and GPUs; running jobs ending at various times, some
   past their requested time; pending jobs of random shapes; some snapshots
   "stuck", the running jobs holding all the memory; advance reservations) the
@@ -14,11 +16,17 @@ the obvious way (no bounds, caches or holes). Two properties:
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minibatch import native
 from minibatch.core.snapshot import ClusterSnapshot, Plan
 from minibatch.policy import book, registry
 from minibatch.policy.profile import Profile
@@ -36,10 +44,19 @@ POLICIES = [
 
 def plans(s: ClusterSnapshot, name: str, params: dict) -> tuple[Plan, Plan]:
     """The plan of policy ``name`` with the product's profile and with the
-    reference's."""
+    reference's (patched in: plain Python only, see below)."""
     product = registry.load(name, params).plan(s)
-    with mock.patch.object(book, "Profile", ReferenceProfile):
+    built: list[object] = []
+
+    class Counted(ReferenceProfile):
+        def __init__(self, *args, **kw) -> None:
+            built.append(self)
+            super().__init__(*args, **kw)
+
+    with mock.patch.object(book, "Profile", Counted):
         reference = registry.load(name, params).plan(s)
+    # Conservative always plans in a book (EASY may not need one).
+    assert built or name != "conservative", "the reference profile was not used"
     return product, reference
 
 
@@ -107,18 +124,42 @@ def clusters(draw: st.DrawFn) -> ClusterSnapshot:
     return snap(caps, runs, pending, now=now)
 
 
-@settings(max_examples=300, deadline=None)
-@given(clusters(), st.sampled_from(POLICIES))
-def test_plans_match_the_reference_on_busy_and_stuck_clusters(s, policy):
-    product, reference = plans(s, *policy)
-    assert product == reference
+if native.compiled():
+    # Compiled, the book calls its Profile directly: there is no module
+    # attribute to patch. The two properties below then run in a plain-Python
+    # interpreter; tests/unit/test_native.py holds the compiled plans to the
+    # plain ones, byte for byte.
+    @pytest.mark.timeout(600)
+    def test_plans_match_the_reference_in_plain_python() -> None:
+        names = [
+            "test_plans_match_the_reference_on_busy_and_stuck_clusters",
+            "test_plans_match_the_reference_with_advance_reservations",
+        ]
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+            + [f"{__file__}::{name}" for name in names],
+            env={**os.environ, "MB_PURE_PYTHON": "1"},
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=540,
+        )
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        assert "2 passed" in done.stdout, done.stdout[-2000:]
 
+else:
 
-@settings(max_examples=150, deadline=None)
-@given(snapshots(), st.sampled_from(POLICIES))
-def test_plans_match_the_reference_with_advance_reservations(s, policy):
-    product, reference = plans(s, *policy)
-    assert product == reference
+    @settings(max_examples=300, deadline=None)
+    @given(clusters(), st.sampled_from(POLICIES))
+    def test_plans_match_the_reference_on_busy_and_stuck_clusters(s, policy):
+        product, reference = plans(s, *policy)
+        assert product == reference
+
+    @settings(max_examples=150, deadline=None)
+    @given(snapshots(), st.sampled_from(POLICIES))
+    def test_plans_match_the_reference_with_advance_reservations(s, policy):
+        product, reference = plans(s, *policy)
+        assert product == reference
 
 
 @st.composite
