@@ -18,8 +18,10 @@ malleable down to half their CPUs: the case SD-Policy (``sd``) works on, where
 every queued job that does not fit is offered the running jobs as mates.
 
 Targets (docs/benchmarks.md, "Scheduler pass"): 10,000 pending jobs on 128 x 32
-CPUs in under 50 ms for ``easy``, under 1 s for ``conservative`` and under
-100 ms for ``sd`` with malleable jobs.
+CPUs in under 50 ms for ``easy``, under 200 ms for ``conservative`` (busy or
+stuck; 2 s at 50,000, issue 12) and under 100 ms for ``sd`` with malleable
+jobs. The result says whether the planning core ran compiled
+(:mod:`minibatch.native`).
 """
 
 from __future__ import annotations
