@@ -338,7 +338,7 @@ class Launcher:
 
 def remove_spool_files(spool: Path, job: int) -> None:
     """Remove the job's spool files (best effort)."""
-    for suffix in (".sh", ".nodes", ".cpus", ".run", ".exit"):
+    for suffix in (".sh", ".nodes", ".cpus", ".run", ".exit", ".exit-new"):
         with contextlib.suppress(OSError):
             (spool / f"{job}{suffix}").unlink()
     tmp = spool / f"{job}.tmp"

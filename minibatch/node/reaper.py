@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -40,7 +41,10 @@ class ExitRecord(msgspec.Struct, kw_only=True):
     """How a job's top process ended. What the job used is its cgroup's to
     say (the top's rusage counts the daemon's memory it was forked from)."""
 
-    #: The wait status of the job's top process.
+    #: The top process: a record is believed only for the run it names (a
+    #: rerun of the job has another top).
+    pid: int
+    #: Its wait status.
     status: int
     end: float
 
@@ -68,18 +72,25 @@ def write(spool: Path, job: int, rec: ExitRecord) -> bool:
     return True
 
 
-def read(spool: Path, job: int) -> ExitRecord | None:
-    """How ``job``'s top process ended, if a reaper saw it."""
+def read(spool: Path, job: int, pid: int) -> ExitRecord | None:
+    """How ``job``'s top process ``pid`` ended, if a reaper saw it."""
     try:
-        return _decoder.decode(path(spool, job).read_bytes())
+        rec = _decoder.decode(path(spool, job).read_bytes())
     except (OSError, msgspec.DecodeError):
         return None
+    return rec if pid and rec.pid == pid else None
+
+
+def remove(spool: Path, job: int) -> None:
+    for name in (f"{job}{SUFFIX}", f"{job}{SUFFIX}-new"):
+        with contextlib.suppress(OSError):
+            (spool / name).unlink()
 
 
 def remove_stale(spool: Path) -> None:
     """Remove the exit files of jobs whose record is gone (reported already)."""
-    for entry in spool.glob(f"*{SUFFIX}"):
-        if not entry.with_suffix(".run").exists():
+    for entry in [*spool.glob(f"*{SUFFIX}"), *spool.glob(f"*{SUFFIX}-new")]:
+        if not (spool / f"{entry.name.split('.')[0]}.run").exists():
             with contextlib.suppress(OSError):
                 entry.unlink()
 
@@ -90,9 +101,12 @@ def become(spool: Path, tops: dict[int, int]) -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    # -P and /: the reaper imports from the install only, never from the
+    # directory a daemon was started in (as root).
+    os.chdir("/")
     os.execv(
         sys.executable,
-        [sys.executable, "-m", PROGRAM, str(spool), *pairs],
+        [sys.executable, "-P", "-m", PROGRAM, str(spool.absolute()), *pairs],
     )
 
 
@@ -100,16 +114,35 @@ def reap(spool: Path, tops: dict[int, int]) -> None:
     """Wait for every child; keep the ends of ``tops``; return with none left."""
     while True:
         try:
-            pid, status = os.waitpid(-1, 0)
+            # Looked at, not collected: a top stays a zombie until its end is
+            # written (the next daemon waits while it sees one).
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:
             return
-        job = tops.pop(pid, None)
+        if info is None:  # pragma: no cover - only with WNOHANG
+            continue
+        job = tops.pop(info.si_pid, None)
         if job is not None:
+            end = ExitRecord(pid=info.si_pid, status=_status(info), end=time.time())
             with contextlib.suppress(OSError):
-                write(spool, job, ExitRecord(status=status, end=time.time()))
+                write(spool, job, end)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
+
+
+def _status(info: os.waitid_result) -> int:
+    """The wait status ``waitpid`` would give for ``info``."""
+    if info.si_code == os.CLD_EXITED:
+        return (info.si_status & 0xFF) << 8
+    return info.si_status | (0x80 if info.si_code == os.CLD_DUMPED else 0)
 
 
 def main(argv: list[str]) -> int:
+    # What stops a daemon does not stop this: its jobs' ends would be lost
+    # (a second mb down --keep-running, a closed terminal). SIGTERM does,
+    # as a service manager's stop.
+    for sig in (signal.SIGUSR2, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     spool = Path(argv[0])
     tops = {int(p): int(j) for p, _, j in (a.partition(":") for a in argv[1:])}
     # Still the subreaper it was (the flag survives execve): orphans of the

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from minibatch.node import reaper
 from minibatch.protocol.messages import LaunchSpec
 
 if TYPE_CHECKING:
@@ -77,7 +78,9 @@ def _write(target: Path, data: bytes, flags: int = os.O_CREAT | os.O_TRUNC) -> N
 def begin(spool: Path, record: RunRecord) -> None:
     """The record written before the fork (``record.pid`` 0). A crash in the
     middle leaves a record that cannot be read: nothing was started yet, and
-    :func:`load_all` discards it."""
+    :func:`load_all` discards it. How an earlier run of the job ended (a
+    reaper's file) goes: it is not this run's."""
+    reaper.remove(spool, record.spec.job)
     _write(path(spool, record.spec.job), _encoder.encode(record))
 
 

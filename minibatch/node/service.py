@@ -535,11 +535,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error("mb-node %s cannot start: %s", args.name, exc)
         return 1
     lock = single_instance(paths.run / f"node-{args.name}.lock", f"mb-node {args.name}")
+    status = 0
     try:
         asyncio.run(daemon.run())
     except Exception:
         log.exception("mb-node %s failed", args.name)
-        return 1
+        status = 1
     finally:
         lock.close()
     if daemon.reap_after:
@@ -550,4 +551,4 @@ def main(argv: list[str] | None = None) -> int:
             reaper.become(paths.spool, daemon.reap_after)
         except OSError as exc:
             log.error("cannot become the jobs' reaper: %s", exc)
-    return 0
+    return status

@@ -101,6 +101,8 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.stopping = False
+        #: The jobs were left to a reaper (:meth:`Tracker.detach`): hands off.
+        self.detached = False
         #: Process exits, while re-adopted jobs run (:mod:`.exits`).
         self.exits: ExitWatch | None = None
 
@@ -123,6 +125,8 @@ class Supervisor:
 
     def reap(self) -> None:
         """Reap every exited child, then settle the jobs that lost a process."""
+        if self.detached:
+            return
         touched: set[Run] = set()
         while True:
             try:
@@ -434,6 +438,8 @@ class Supervisor:
                 log.exception("sampling the jobs' processes failed")
 
     def _tick(self) -> None:
+        if self.detached:
+            return
         self.reap()
         self._exited()
         if not self._own.jobs and not self._own.strangers:
@@ -458,7 +464,7 @@ class Supervisor:
                     continue
                 if run.status is not None:
                     continue
-                ended = reaper.read(self.launcher.spool, run.spec.job)
+                ended = reaper.read(self.launcher.spool, run.spec.job, run.pid)
                 if ended is not None:
                     run.status = ended.status
                     self._settle(run, table)

@@ -35,7 +35,7 @@ __all__ = ["Report", "Tracker"]
 log = logging.getLogger(__name__)
 #: How long a restarted daemon waits for a reaper to write the end of a job
 #: whose top process it has not reaped yet.
-_REAPER_WAIT_S = 0.5
+_REAPER_WAIT_S = 2.0
 
 
 def _top(pids: list[int]) -> int:
@@ -118,7 +118,8 @@ class Tracker(Supervisor):
         processes that are our children (pid -> job), whose ends a
         :mod:`~minibatch.node.reaper` must keep."""
         # Their ends are the reaper's to keep from now on: reaping here would
-        # take them (and pass them to nobody).
+        # take them (and pass them to nobody), even by a SIGCHLD queued before.
+        self.detached = True
         if self._loop is not None:
             self._loop.remove_signal_handler(signal.SIGCHLD)
         if self._ticker is not None:
@@ -133,9 +134,14 @@ class Tracker(Supervisor):
                 run.popen.returncode = -1
                 if run.status is None:
                     tops[run.pid] = run.spec.job
-                else:  # ended, its leftovers not yet gone: say how, now
-                    end = reaper.ExitRecord(status=run.status, end=time.time())
+            if run.status is not None:
+                # Ended, its leftovers not yet gone: say how, now.
+                end = reaper.ExitRecord(pid=run.pid, status=run.status, end=time.time())
+                try:
                     reaper.write(self.launcher.spool, run.spec.job, end)
+                except OSError as exc:
+                    job = run.spec.display_id
+                    log.warning("job %s: cannot keep its end: %s", job, exc)
             self._own.remove(run)
         self._idle.set()
         return tops
@@ -223,7 +229,7 @@ class Tracker(Supervisor):
         reaper about to write: that takes it a moment."""
         spool, job = self.launcher.spool, rec.spec.job
         deadline = time.monotonic() + _REAPER_WAIT_S
-        while (ended := reaper.read(spool, job)) is None and rec.pid:
+        while (ended := reaper.read(spool, job, rec.pid)) is None and rec.pid:
             top = procfs.read_stat(rec.pid)
             if top is None or not top.zombie or time.monotonic() > deadline:
                 break

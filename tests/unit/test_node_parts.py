@@ -15,7 +15,7 @@ import pytest
 from minibatch.config import Config, NodeConfig
 from minibatch.core.job import JobResult
 from minibatch.errors import InvalidArgument
-from minibatch.node import exits, procfs, records
+from minibatch.node import exits, procfs, reaper, records
 from minibatch.node.identity import (
     Identity,
     LaunchError,
@@ -187,6 +187,18 @@ def test_a_record_is_written_once_and_its_pid_appended(tmp_path: Path) -> None:
     # A later version replaces the whole record, pid included.
     records.save(tmp_path, records.RunRecord(node="n1", spec=spec(), pid=99, start=2))
     assert [r.pid for r in records.load_all(tmp_path)] == [99]
+
+
+def test_a_new_run_of_a_job_drops_the_end_of_its_last_run(tmp_path: Path) -> None:
+    """A reaper's file of an earlier run (qrerun) is never this run's."""
+    records.begin(tmp_path, records.RunRecord(node="n1", spec=spec(), pid=0, start=1))
+    records.started(tmp_path, 12, 4321)
+    end = reaper.ExitRecord(pid=4321, status=0, end=2.0)
+    assert reaper.write(tmp_path, 12, end)
+    assert reaper.read(tmp_path, 12, 4321) == end
+    records.begin(tmp_path, records.RunRecord(node="n1", spec=spec(), pid=0, start=3))
+    assert not reaper.path(tmp_path, 12).exists()
+    assert not reaper.write(tmp_path, 13, end)  # no record: reported already
 
 
 def test_a_record_cut_short_is_discarded(tmp_path: Path) -> None:

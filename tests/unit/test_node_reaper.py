@@ -36,15 +36,19 @@ a = child(lambda: os._exit(4))
 b = child(lambda: os._exit(5))
 c = child(lambda: os.kill(os.getpid(), signal.SIGTERM))
 child(lambda: os._exit(0))
+print(a, b, c, flush=True)
 os.execv(sys.executable, [sys.executable, "-m", "{reaper.PROGRAM}", "{spool}",
          f"{{a}}:7", f"{{b}}:8", f"{{c}}:9"])
 """
     done = subprocess.run([sys.executable, "-c", code], timeout=30, capture_output=True)
     assert done.returncode == 0, done.stderr
-    seven, nine = reaper.read(spool, 7), reaper.read(spool, 9)
+    a, b, c = map(int, done.stdout.split())
+    seven, nine = reaper.read(spool, 7, a), reaper.read(spool, 9, c)
     assert seven is not None and os.WEXITSTATUS(seven.status) == 4
     assert nine is not None and os.WTERMSIG(nine.status) == signal.SIGTERM
-    assert reaper.read(spool, 8) is None and not (spool / "8.exit").exists()
+    assert reaper.read(spool, 8, b) is None and not (spool / "8.exit").exists()
+    # Another run of job 7 (another top process) does not take this end.
+    assert reaper.read(spool, 7, a + 100000) is None
     assert oct((spool / "7.exit").stat().st_mode & 0o777) == "0o600"
     # Once the job's record is gone (reported), its end file goes too.
     (spool / "7.run").unlink()
