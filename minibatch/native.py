@@ -124,19 +124,33 @@ def _pure() -> bool:
     return os.environ.get("MB_PURE_PYTHON", "").lower() not in ("", "0", "no", "false")
 
 
+#: How this process plans, and why (set by :func:`attach`).
+_state = "plain Python"
+_REBUILD = "python -P -m minibatch.native"
+
+
 def attach(path: list[str]) -> bool:
     """Put a fresh build first on ``path`` (``minibatch.policy.__path__``)."""
-    if _pure() or not fresh():
-        return False
+    global _state
     where = os.path.join(_policy_dir(_ROOT), DIRNAME)
+    if _pure():
+        _state = "plain Python (MB_PURE_PYTHON is set)"
+        return False
+    if not fresh():
+        built = os.path.exists(os.path.join(where, STAMP))
+        why = "its build is out of date" if built else "not compiled"
+        _state = f"plain Python: {why} ({_REBUILD})"
+        return False
     path.insert(0, where)
     try:
         # Loaded now, so that a library that cannot load (another libc, a
         # broken copy) leaves the package pure instead of failing later.
         importlib.import_module(f"{GROUP}__mypyc")
-    except (ImportError, OSError):
+    except (ImportError, OSError) as exc:
         path.remove(where)
+        _state = f"plain Python: its build does not load ({exc}; {_REBUILD})"
         return False
+    _state = "compiled (mypyc)"
     return True
 
 
@@ -145,6 +159,13 @@ def compiled() -> bool:
     from minibatch.policy import timeline
 
     return not timeline.__file__.endswith(".py") if timeline.__file__ else False
+
+
+def describe() -> str:
+    """How this process plans: compiled, or plain Python and why."""
+    import minibatch.policy  # noqa: F401  (runs attach)
+
+    return _state
 
 
 def build(root: str = _ROOT) -> str:
@@ -267,7 +288,10 @@ def _quiet(log: str) -> Iterator[None]:
 
 def main() -> int:
     try:
-        print(f"minibatch.native: {build()}")
+        done = build()
+        if _pure():
+            done += "; not used while MB_PURE_PYTHON is set"
+        print(f"minibatch.native: {done}")
     except (RuntimeError, OSError) as e:
         print(f"minibatch.native: staying pure Python: {e}", file=sys.stderr)
         return 1

@@ -185,6 +185,7 @@ def run(
         "python": platform.python_version(),
         # The planning core compiled (minibatch/native.py) or plain Python.
         "compiled": native.compiled(),
+        "planning_core": native.describe(),
     }
 
 
@@ -206,7 +207,7 @@ def render(result: dict[str, Any]) -> str:
         ["jobs started", number(result["starts"])],
         ["resizes", number(result["resizes"])],
         ["starts predicted", number(result["predicted"])],
-        ["planning core", "compiled (mypyc)" if result["compiled"] else "Python"],
+        ["planning core", str(result["planning_core"])],
     ]
     return grid(["mb bench scheduler", ""], rows)
 

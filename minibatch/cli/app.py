@@ -257,6 +257,11 @@ def status(
     with common.reporting("mb status"):
         paths, config = common.home()
         info = probe.status(paths, config)
+        # With no daemon up, jobs a node daemon left running (mb down
+        # --keep-running, or a daemon that died): the next mb up re-adopts them.
+        spool, down = paths.spool, not any(d["alive"] for d in info["daemons"])
+        kept = len(list(spool.glob("*.run"))) if down and spool.is_dir() else 0
+        info["kept_jobs"] = kept
         if as_json:
             sys.stdout.write(common.dump_json(info))
             return
@@ -273,6 +278,11 @@ def status(
                 where += f"; {d['virtual']}"
             print(f"  {d['name']:<14} {state:<12} {where}".rstrip())
         print(f"  events         {info['mqtt_url'] or 'off'}{_events(info)}")
+        if kept:
+            print(
+                f"  {info['kept_jobs']} job(s) left running in their cgroups: "
+                "mb up (same layout) re-adopts them, mb down kills them"
+            )
         if not info["up"]:
             raise SystemExit(common.ERROR_EXIT)
 

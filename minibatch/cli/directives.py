@@ -55,9 +55,10 @@ class SubmitOptions(msgspec.Struct, kw_only=True):
     cpus_per_task: int | None = None
     #: ``procs=N`` (Torque): N CPUs, over as many nodes as it takes.
     spread: bool | None = None
-    #: The resource that set nodes/ppn in this layer (``nodes=2:ppn=4``), so a
-    #: second one that asks otherwise is named as a contradiction.
-    cpu_request: str | None = None
+    #: The CPU resources given in this layer (``nodes``, ``ncpus``, ...), each
+    #: with the nodes and CPUs per node it asks and its text, so another one
+    #: that asks otherwise is named as a contradiction.
+    cpu_requests: dict[str, tuple[int, int, str]] = {}
     tasks_per_node: int | None = None
     #: Memory of the whole job; Slurm's per node and per CPU forms.
     mem_kb: int | None = None

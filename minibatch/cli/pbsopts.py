@@ -344,12 +344,12 @@ def _cpus(opts: SubmitOptions, key: str, value: str) -> None:
     """One of the CPU requests (``ncpus``, ``procs``, ``nodes``, ``select``).
 
     The same resource given again replaces it, as PBS replaces a resource
-    value (a wrapper's ``qsub -l ncpus=2 "$@"`` lets its caller ask more). Two
-    different ones in one layer must ask the same nodes and CPUs: PBS has no
-    rule for which would win. A later layer (the command line over the
-    script) replaces the request whole (:func:`~minibatch.cli.directives.merge`).
+    value (a wrapper's ``qsub -l ncpus=2 "$@"`` lets its caller ask
+    ``-l ncpus=8``). Different ones in one layer must all ask the same nodes
+    and CPUs: PBS has no rule for which would win. A later layer (the command
+    line over the script) replaces the request whole
+    (:func:`~minibatch.cli.directives.merge`).
     """
-    before = (opts.nodes, opts.ppn)
     if key in ("ncpus", "procs"):
         opts.nodes, opts.ppn = 1, positive_int(value, key)
         opts.spread = key == "procs"
@@ -360,16 +360,13 @@ def _cpus(opts: SubmitOptions, key: str, value: str) -> None:
             _select(opts, value)
         opts.spread = False
     asked = f"{key}={value}"
-    earlier = opts.cpu_request
-    if (
-        earlier is not None
-        and earlier.partition("=")[0] != key
-        and before != (opts.nodes, opts.ppn)
-    ):
-        raise InvalidArgument(
-            f"contradictory CPU requests: {earlier} and {asked} (give one)"
-        )
-    opts.cpu_request = asked
+    nodes, ppn = opts.nodes or 1, opts.ppn or 1
+    for other, (n, p, text) in opts.cpu_requests.items():
+        if other != key and (n, p) != (nodes, ppn):
+            raise InvalidArgument(
+                f"contradictory CPU requests: {text} and {asked} (give one)"
+            )
+    opts.cpu_requests = {**opts.cpu_requests, key: (nodes, ppn, asked)}
 
 
 #: Resources that mean nothing without a value.

@@ -422,7 +422,8 @@ def down(
     removed.
 
     Returns:
-        The daemons that were running, in the order they were stopped.
+        The daemons that were running, in the order they were stopped, and,
+        last, how many jobs without a node daemon were killed, if any.
 
     Raises:
         PermissionDenied: Another user (not root) owns the cluster.
@@ -444,7 +445,9 @@ def down(
     keep = signal.SIGUSR2 if keep_running else signal.SIGTERM
     stopped += _stop(pids, paths, keep)
     if not keep_running:
-        stopping.sweep(paths)
+        swept = stopping.sweep(paths)
+        if swept:
+            stopped.append(f"{swept} job(s) left running without a node daemon")
     for name in pidfile_names(paths):
         paths.pidfile(name).unlink(missing_ok=True)
     if "broker" in pids:

@@ -247,9 +247,10 @@ class Tracker(Supervisor):
         cgroup is."""
         run = Run(rec.spec, None, rec.pid, rec.start, cg=cg, adopted=True)
         end_time = None
+        unseen = "ended while its node daemon was down"
         if ended is not None:
             run.status, end_time = ended.status, ended.end
-        unseen = "ended while its node daemon was down"
+            run.comment = unseen  # kept by the reaper that daemon became
         if cg is None:
             return ended_report(run, end_time, unseen=unseen)
         run.cputime_s, run.maxrss_kb = cg.cpu_seconds(), cg.peak_kb()

@@ -206,8 +206,9 @@ class Scheduler:
                 last_hello = time.monotonic()
             if not registered:
                 registered = True
-                core = "compiled" if native.compiled() else "plain Python"
-                log.info(
+                core = native.describe()
+                log.log(
+                    logging.INFO if native.compiled() else logging.WARNING,
                     "registered with the server (policy %s; planning core %s)",
                     self.policy_label,
                     core,

@@ -85,6 +85,7 @@ def run(
         "python": platform.python_version(),
         # The planning core compiled (minibatch/native.py) or plain Python.
         "compiled": native.compiled(),
+        "planning_core": native.describe(),
     }
     if bare_too:
         bare_wall, bare_cpu = (
@@ -115,7 +116,7 @@ def render(result: dict[str, Any]) -> str:
             f"{result['passes']:,} / {result['quiet_passes']:,}",
         ],
         ["mean wait (s)", number(result["mean_wait_s"])],
-        ["planning core", "compiled (mypyc)" if result["compiled"] else "Python"],
+        ["planning core", str(result["planning_core"])],
     ]
     if "bare_jobs_per_s" in result:
         rows += [

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from minibatch import native
 from minibatch.core.resize import RuntimeModel
 from minibatch.core.units import parse_size_kb
 from minibatch.errors import InvalidArgument
@@ -251,6 +252,8 @@ def score(
             "wall_s": wall,
             "jobs_per_s": len(records) / wall if wall > 0 else math.nan,
             "read_s": work.read_s,
+            # What the speed above was measured with (minibatch/native.py).
+            "planning_core": native.describe(),
             "instants": stats.instants,
             "passes": stats.passes,
             "quiet_passes": stats.quiet,

@@ -284,6 +284,8 @@ def test_jobs_that_end_while_no_node_daemon_runs_keep_their_exit_status(
         top.wait(10)
     for jid in (ok, bad):
         c.wait_for(lambda j=jid: (c.paths.spool / f"{j}.exit").exists(), what="end")
+    status = c.run("mb", "status", check=False).stdout
+    assert "3 job(s) left running in their cgroups" in status, status
     reapers = {pid: psutil.Process(pid) for pid in parents}
     done = [reapers.pop(pid) for pid in reaper_of.values()]
     psutil.wait_procs(done, timeout=10)  # no child left: they are gone
@@ -294,6 +296,7 @@ def test_jobs_that_end_while_no_node_daemon_runs_keep_their_exit_status(
     assert record["exit_status"] == 0 and record["reruns"] == 0, record
     record = c.wait_state(bad, "failed", timeout=30)
     assert record["exit_status"] == 3 and "unknown" not in record["comment"], record
+    assert "ended while its node daemon was down" in record["comment"], record
     c.wait_state(after, "completed", timeout=30)
     assert c.job(late)["state"] == "running"
     later.touch()
@@ -357,5 +360,6 @@ def test_mb_down_kills_the_jobs_of_a_dead_node_daemon(cluster: ClusterFactory) -
     psutil.Process(node).wait(5)
     out = c.run("mb", "down").stdout
     assert "node-node0" not in out, out  # it was not running
+    assert "1 job(s) left running without a node daemon" in out, out
     assert not alive_with(f"sleep {marker}")
     assert not list(c.paths.spool.glob("*.run"))

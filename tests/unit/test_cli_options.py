@@ -262,6 +262,9 @@ def test_cpu_requests_of_one_layer_must_agree(tmp_path):
     assert (agree.nodes, agree.ppn) == (1, 4)
     again = directives("#PBS -l ncpus=2\n#PBS -l ncpus=8\n")
     assert (again.nodes, again.ppn) == (1, 8)
+    # Against every other one given, not only the last.
+    with pytest.raises(InvalidArgument, match="nodes=1:ppn=2 and ncpus=4"):
+        directives("#PBS -l nodes=1:ppn=2,ncpus=2,ncpus=4\n")
 
     def submitted(text: str, *argv: str) -> tuple[int, int]:
         req = qsub(tmp_path, f"#!/bin/sh\n{text}\ntrue\n", *argv)[0].request
