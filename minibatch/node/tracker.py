@@ -149,10 +149,10 @@ class Tracker(Supervisor):
     def recover(self) -> tuple[list[int], list[int]]:
         """Before the first hello: re-adopt the jobs an earlier daemon of this
         node left running in their cgroups, and report the others: ended by
-        themselves meanwhile (their cgroup is empty; how, if the earlier
-        daemon became their reaper), or
-        killed now (without cgroups they cannot be supervised; they may run
-        again). Returns (re-adopted, reported) job ids."""
+        themselves meanwhile (their cgroup is empty; how is known if that
+        daemon became their reaper), or killed now (without cgroups they
+        cannot be supervised; they may run again). Returns (re-adopted,
+        reported) job ids."""
         adopted: list[int] = []
         killed: list[int] = []
         left = records.load_all(self.launcher.spool, self.launcher.node)
