@@ -178,8 +178,12 @@ def _line(t: float, source: str, text: str) -> str:
     return f"{_stamp(t)}  {source:<4} {text}"
 
 
-def _accounting(job: Job) -> str | None:
-    """The ``A`` line of a job that has ended: its exit status and usage."""
+def _accounting(job: Job, last: float) -> str | None:
+    """The ``A`` line of a job that has ended: its exit status and usage,
+    with ``end=`` as Torque's accounting record has it. Stamped when the end
+    was recorded (``last``, its last event), as Torque stamps the record: a
+    job whose end reached the server late (its node daemon was down) shows
+    its real end in ``end=``, not out of order."""
     if job.end_time is None:
         return None
     parts = [f"Exit_status={'' if job.exit_status is None else job.exit_status}"]
@@ -190,7 +194,8 @@ def _accounting(job: Job) -> str | None:
         parts.append(f"resources_used.mem={format_size_kb(job.maxrss_kb or 0)}")
         ran = job.end_time - job.start_time
         parts.append(f"resources_used.walltime={format_duration(ran)}")
-    return _line(job.end_time, "A", " ".join(parts))
+    parts.append(f"end={int(job.end_time)}")
+    return _line(max(job.end_time, last), "A", " ".join(parts))
 
 
 def render_trace(trace: JobTrace) -> str:
@@ -198,11 +203,13 @@ def render_trace(trace: JobTrace) -> str:
     blocks = []
     for job in trace.jobs:
         lines = [f"Job: {job.display_id}", ""]
+        last = 0.0
         for e in trace.events:
             if e.job == job.id:
                 text = f"{e.event}: {e.detail}" if e.detail else e.event
                 lines.append(_line(e.time, _SOURCE.get(e.event, "S"), text))
-        account = _accounting(job)
+                last = max(last, e.time)
+        account = _accounting(job, last)
         if account is not None:
             lines.append(account)
         blocks.append("\n".join(lines) + "\n")

@@ -5,6 +5,7 @@ tracejob, live resources_used, and one exit status for a cancelled job."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -336,6 +337,9 @@ def test_tracejob_prints_the_event_log_with_times(cluster: ClusterFactory) -> No
     assert kinds[:3] == [("S", "submitted"), ("S", "released"), ("S", "started")]
     assert ("M", "launched") in kinds and ("S", "finished") in kinds
     assert kinds[-1] == ("A", "Exit_status=3 result=failed resources_used.cput=00")
+    assert f" end={int(c.job(jid)['end_time'])}" in out[-1], out[-1]
+    stamps = [time.strptime(line[:19], "%m/%d/%Y %H:%M:%S") for line in out[2:]]
+    assert stamps == sorted(stamps), out  # oldest first, the A line too
     for line in out[2:]:
         month, day, rest = line[:2], line[3:5], line[5:]
         assert month.isdigit() and day.isdigit() and rest.startswith("/")
