@@ -167,8 +167,16 @@ def test_tracejob_lines(server: FakeServer):
     assert lines[4].endswith("  S    finished: cancelled")
     assert lines[5].endswith(
         "  A    Exit_status=271 result=cancelled resources_used.cput=00:00:02"
-        " resources_used.mem=4160kb resources_used.walltime=00:00:03"
+        f" resources_used.mem=4160kb resources_used.walltime=00:00:03 end={int(T0) + 4}"
     )
+    # An end the server heard of later (its node daemon was down): the A line
+    # comes when it was recorded, with the real end in end=.
+    late = m.TraceEvent(job=8, time=T0 + 60, event="finished", detail="cancelled")
+    server.replies = [m.JobTrace(jobs=[done], events=[*events[:2], late])]
+    lines = invoke(pbsctl.tracejob_command, ["8"]).stdout.splitlines()
+    stamp = time.strftime("%m/%d/%Y %H:%M:%S", time.localtime(T0 + 60))
+    assert lines[5].startswith(f"{stamp}  A    Exit_status=271")
+    assert lines[5].endswith(f" end={int(T0) + 4}")
 
 
 # -------------------------------------------------------------- qstat jobs
