@@ -37,7 +37,6 @@ from minibatch.cluster.probe import (
 from minibatch.config import Config, Paths, mqtt_url
 from minibatch.errors import InvalidArgument, MinibatchError, Unavailable
 from minibatch.net.client import Client
-from minibatch.node import reaper
 from minibatch.protocol.messages import NodeList, QueryNodes, ServerStatus, Status
 
 #: Seconds a daemon gets between SIGTERM and SIGKILL in :func:`down`.
@@ -337,11 +336,11 @@ def _stop(
                 procs[proc] = name
             stopped.append(name)
         # The daemons of one stage stop in parallel: all nodes end their jobs at once.
-        alive = _wait_gone(list(procs), STOP_GRACE)
+        alive = _wait_gone(procs, STOP_GRACE)
         for proc in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(signal.SIGKILL)
-        _wait_gone(alive, 5)
+        _wait_gone({p: procs[p] for p in alive}, 5)
         for name in (procs[p] for p in alive if procs[p].startswith("node-")):
             # A node killed before it could end its jobs leaves them running.
             from minibatch.node.procfs import kill_leftovers
@@ -350,20 +349,25 @@ def _stop(
     return stopped
 
 
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait until each process has exited; return those still running.
+def _wait_gone(
+    procs: dict[psutil.Process, str], timeout: float
+) -> list[psutil.Process]:
+    """Wait until each process (-> its daemon's name) has stopped running its
+    daemon; return those still running it.
 
     A zombie has exited: it only waits for its parent (``init`` may reap late, or
     the caller of :func:`up` is the parent), so it counts as gone, and is reaped
-    here when it is ours.
+    here when it is ours. So does a pid that runs another program now: a node
+    daemon that left its jobs running (--keep-running) becomes their reaper.
     """
     deadline = time.monotonic() + timeout
+    left_running = list(procs)
     while True:
-        procs = [p for p in procs if _running(p)]
+        left_running = [p for p in left_running if _running(p, procs[p])]
         left = deadline - time.monotonic()
-        if not procs or left <= 0:
-            return procs
-        _await_exit(procs, min(left, EXIT_POLL))
+        if not left_running or left <= 0:
+            return left_running
+        _await_exit(left_running, min(left, EXIT_POLL))
 
 
 def _await_exit(procs: list[psutil.Process], timeout: float) -> None:
@@ -390,12 +394,10 @@ def _await_exit(procs: list[psutil.Process], timeout: float) -> None:
             os.close(fd)
 
 
-def _running(proc: psutil.Process) -> bool:
+def _running(proc: psutil.Process, name: str) -> bool:
     try:
         if proc.status() != psutil.STATUS_ZOMBIE:
-            # A node daemon that left its jobs running (--keep-running)
-            # becomes their reaper, the same pid: it has stopped serving.
-            return reaper.PROGRAM not in proc.cmdline()
+            return Daemon(name).matches(proc.cmdline())
     except psutil.NoSuchProcess:
         return False
     except psutil.Error:  # not ours to read: it runs
