@@ -31,6 +31,7 @@ from minibatch.cluster.probe import (
     check_owner,
     load_layout,
     pidfile_names,
+    read_pid,
     running,
     running_pid,
 )
@@ -87,6 +88,14 @@ def _spawn(paths: Paths, daemon: Daemon) -> subprocess.Popen[bytes]:
     }
     env.update(MB_HOME=str(paths.home), PYTHONUNBUFFERED="1")
     command = daemon.command()
+    pidfile = paths.pidfile(daemon.name)
+    kept = daemon.name.startswith("node-")
+    if kept:
+        from minibatch.node import keeper
+
+        # The keeper writes the daemon's pid; a stale file must not stand in.
+        pidfile.unlink(missing_ok=True)
+        command = keeper.command(pidfile, paths.spool, command)
     with paths.logfile(daemon.name).open("ab") as log:
         log.write(f"--- {time.ctime()} mb up: {' '.join(command)}\n".encode())
         log.flush()
@@ -99,7 +108,8 @@ def _spawn(paths: Paths, daemon: Daemon) -> subprocess.Popen[bytes]:
             cwd=paths.home,
             env=env,
         )
-    _write_atomic(paths.pidfile(daemon.name), f"{proc.pid}\n")
+    if not kept:
+        _write_atomic(pidfile, f"{proc.pid}\n")
     _SPAWNED.append(proc)
     return proc
 
@@ -161,7 +171,20 @@ class _Starter:
             self.procs[daemon.name] = proc = _spawn(self.paths, daemon)
             self.report.started.append(daemon.name)
             pid = proc.pid
+            if daemon.name.startswith("node-"):
+                pid = self._kept(daemon.name, proc)
         self.report.pids[daemon.name] = pid
+
+    def _kept(self, name: str, keeper: subprocess.Popen[bytes]) -> int:
+        """The pid of the daemon ``keeper`` started, once it wrote it."""
+        pidfile = self.paths.pidfile(name)
+        while (pid := read_pid(pidfile)) is None:
+            if keeper.poll() is not None:
+                self.fail(name, f"exited with status {keeper.returncode}")
+            if time.monotonic() >= self.deadline:
+                self.fail(name, f"was not started after {self.wait:g} s")
+            time.sleep(POLL)
+        return pid
 
     def fail(self, name: str, what: str) -> NoReturn:
         logfile = self.paths.logfile(name)
@@ -185,7 +208,10 @@ class _Starter:
             time.sleep(POLL)
 
     def stop_started(self) -> None:
-        _stop({name: proc.pid for name, proc in self.procs.items()}, self.paths)
+        pids = self.report.pids
+        _stop(
+            {name: pids.get(name, p.pid) for name, p in self.procs.items()}, self.paths
+        )
         for name in self.procs:
             self.paths.pidfile(name).unlink(missing_ok=True)
 
@@ -450,6 +476,8 @@ def down(
         swept = stopping.sweep(paths)
         if swept:
             stopped.append(f"{swept} job(s) left running without a node daemon")
+        # Their jobs gone, the node daemons' keepers exit: nothing outlives mb down.
+        stopping.wait_keepers(paths)
     for name in pidfile_names(paths):
         paths.pidfile(name).unlink(missing_ok=True)
     if "broker" in pids:

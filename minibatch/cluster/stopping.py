@@ -13,14 +13,17 @@ jobs are being kept: nothing a job started outlives ``mb down``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
+
+import psutil
 
 from minibatch.config import Config, Paths
 from minibatch.core.job import ACTIVE_STATES
 from minibatch.errors import InvalidArgument, MinibatchError
 from minibatch.net.client import Client
-from minibatch.node import cgroup, procfs, records
+from minibatch.node import cgroup, keeper, procfs, records
 from minibatch.node.cgroup import JobCgroup
 from minibatch.node.launcher import remove_spool_files
 from minibatch.protocol.messages import JobList, NodeList, QueryJobs, QueryNodes
@@ -79,3 +82,13 @@ def sweep(paths: Paths) -> int:
         remove_spool_files(where, rec.spec.job)
     cgroup.remove_empty(str(paths.home))
     return swept
+
+
+def wait_keepers(paths: Paths, timeout: float = 5.0) -> None:
+    """Wait for the keepers of this cluster's node daemons to exit, as they do
+    once the daemon and every job it left are gone (:mod:`minibatch.node.keeper`)."""
+    procs = []
+    for pid in keeper.keepers(paths.spool):
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
+    psutil.wait_procs(procs, timeout=timeout)

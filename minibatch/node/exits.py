@@ -3,8 +3,9 @@
 A restarted node daemon re-adopts the jobs its predecessor left running
 (:mod:`.records`), but it is not their parent: when a job's top process exits,
 its wait status goes to whoever inherited it (the reaper a daemon stopped by
-``mb down --keep-running`` became, which writes it down: :mod:`.reaper`; init,
-after a daemon killed with SIGKILL), and the daemon alone could only say
+``mb down --keep-running`` became, or the keeper ``mb up`` started a killed
+daemon under, which write it down: :mod:`.reaper`, :mod:`.keeper`; else init),
+and the daemon alone could only say
 "ended, exit status unknown". The kernel's process connector (netlink,
 ``NETLINK_CONNECTOR``/``CN_IDX_PROC``, the interface of ``forkstat`` and of
 systemd's and Slurm's process trackers) announces every process's exit with
@@ -16,7 +17,8 @@ each re-adopted top process's status to the supervisor. It hears every process
 of the machine meanwhile (~16 us of Python per event).
 
 Elsewhere (an unprivileged daemon, or a lost event when the socket's buffer
-overflowed) the status is the reaper's file, if there is one, or unknown.
+overflowed) the status is the reaper's or keeper's file, if there is one,
+or unknown.
 """
 
 from __future__ import annotations

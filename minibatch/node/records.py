@@ -129,3 +129,15 @@ def load_all(spool: Path, node: str | None = None) -> list[RunRecord]:
         if node is None or rec.node == node:
             found.append(rec)
     return found
+
+
+def tops(spool: Path) -> dict[int, int]:
+    """Top process -> job, for every readable record with a pid. Only reads:
+    whoever calls this (a keeper whose daemon is gone) owns no record."""
+    found: dict[int, int] = {}
+    for entry in spool.glob(f"*{_SUFFIX}"):
+        with contextlib.suppress(OSError, msgspec.DecodeError):
+            rec = parse(entry.read_bytes())
+            if rec.pid > 0:
+                found[rec.pid] = rec.spec.job
+    return found

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import resource
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import BIN, Cluster, ClusterFactory
+from conftest import BIN, Cluster, ClusterFactory, procs_with
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -176,8 +175,10 @@ def test_a_killed_node_daemon_s_job_is_readopted(cluster: ClusterFactory) -> Non
     c.wait_state(jid, "running")
     c.wait_for(lambda: alive_with(f"sleep {marker}"), what="escapee started")
     node = c.pids()["node-node0"]
-    os.kill(node, signal.SIGKILL)
-    psutil.Process(node).wait(5)
+    # Held before the kill: its keeper reaps it at once.
+    victim = psutil.Process(node)
+    victim.kill()
+    victim.wait(5)
     c.wait_for(lambda: c.nodes()["node0"].state == "down", what="node down")
     # Down, but its job runs on: nobody has seen its processes end.
     assert c.job(jid)["state"] == "running"
@@ -197,6 +198,52 @@ def test_a_killed_node_daemon_s_job_is_readopted(cluster: ClusterFactory) -> Non
     c.wait_for(lambda: not alive_with(f"sleep {marker}"), what="escapee gone")
     accounting = [j for j in c.jobs() if j["id"] == record["id"]]
     assert len(accounting) == 1 and record["reruns"] == 0, record
+
+
+def test_a_job_that_ends_while_its_killed_node_daemon_is_down_keeps_its_status(
+    cluster: ClusterFactory,
+) -> None:
+    """A node daemon killed with SIGKILL: its keeper (mb up started the daemon
+    under it) is the jobs' parent now and keeps how they end for the next one."""
+    c = cluster(nodes=1, cpus_per_node=2, server={"node_timeout": 2.0})
+    flag, later = c.work / "go", c.work / "later"
+    wait = f"while [ ! -e {flag} ]; do sleep 0.05; done\n"
+    early = c.qsub(script(c, "early.sh", wait + "exit 3\n"))
+    late = c.qsub(
+        script(c, "late.sh", wait.replace(str(flag), str(later)) + "exit 4\n")
+    )
+    after = c.qsub("-W", f"depend=afternotok:{early}", "--", "true")
+    tops = {
+        jid: psutil.Process(c.wait_for(lambda j=jid: c.job(j)["session_id"]))
+        for jid in (early, late)
+    }
+    node = psutil.Process(c.pids()["node-node0"])
+    keeper = node.parent()
+    assert keeper is not None and "minibatch.node.keeper" in keeper.cmdline()
+    node.kill()
+    node.wait(5)
+    # Orphaned to the keeper, the nearest subreaper, not to init.
+    assert {top.ppid() for top in tops.values()} == {keeper.pid}
+    flag.touch()
+    tops[early].wait(10)
+    c.wait_for(lambda: (c.paths.spool / f"{early}.exit").exists(), what="kept end")
+    assert "was killed by SIGKILL; keeping the ends of the 2 job(s)" in c.log(
+        "node-node0"
+    )
+
+    c.up()
+    record = c.wait_state(early, "failed", timeout=30)
+    assert record["exit_status"] == 3 and record["reruns"] == 0, record
+    assert "ended while its node daemon was down" in record["comment"], record
+    c.wait_state(after, "completed", timeout=30)
+    assert c.job(late)["state"] == "running"
+    later.touch()
+    record = c.wait_state(late, "failed", timeout=30)
+    assert record["exit_status"] == 4 and "unknown" not in record["comment"], record
+    # Its last job gone, the old keeper is too; mb down leaves nothing behind.
+    keeper.wait(10)
+    c.down()
+    assert procs_with(c.home) == []
 
 
 def test_keep_running_and_drain(cluster: ClusterFactory) -> None:
@@ -275,9 +322,11 @@ def test_jobs_that_end_while_no_node_daemon_runs_keep_their_exit_status(
     reaper_of = {jid: top.ppid() for jid, top in tops.items()}
     parents = {*reaper_of.values(), late_top.ppid()}
     assert parents == set(nodes.values()), (parents, nodes)
-    for pid in parents:
-        cmd = psutil.Process(pid).cmdline()
-        assert "minibatch.node.reaper" in cmd, cmd
+    reapers = {pid: psutil.Process(pid) for pid in parents}
+    for reaper in reapers.values():
+        assert "minibatch.node.reaper" in reaper.cmdline(), reaper.cmdline()
+        # Under the keeper mb up started it with, which waits for it.
+        assert "minibatch.node.keeper" in reaper.parent().cmdline()
 
     flag.touch()
     for top in tops.values():
@@ -286,7 +335,6 @@ def test_jobs_that_end_while_no_node_daemon_runs_keep_their_exit_status(
         c.wait_for(lambda j=jid: (c.paths.spool / f"{j}.exit").exists(), what="end")
     status = c.run("mb", "status", check=False).stdout
     assert "3 job(s) left running in their cgroups" in status, status
-    reapers = {pid: psutil.Process(pid) for pid in parents}
     done = [reapers.pop(pid) for pid in reaper_of.values()]
     psutil.wait_procs(done, timeout=10)  # no child left: they are gone
     assert not any(r.is_running() for r in done)
@@ -356,8 +404,10 @@ def test_mb_down_kills_the_jobs_of_a_dead_node_daemon(cluster: ClusterFactory) -
     c.wait_state(jid, "running")
     c.wait_for(lambda: alive_with(f"sleep {marker}"), what="job started")
     node = c.pids()["node-node0"]
-    os.kill(node, signal.SIGKILL)
-    psutil.Process(node).wait(5)
+    # Held before the kill: its keeper reaps it at once.
+    victim = psutil.Process(node)
+    victim.kill()
+    victim.wait(5)
     out = c.run("mb", "down").stdout
     assert "node-node0" not in out, out  # it was not running
     assert "1 job(s) left running without a node daemon" in out, out

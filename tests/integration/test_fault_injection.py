@@ -395,8 +395,9 @@ def test_jobs_run_while_the_broker_is_dead(cluster: ClusterFactory) -> None:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("keeper_too", [False, True], ids=["daemon", "and-keeper"])
 def test_a_job_that_ends_while_its_node_daemon_is_dead_runs_once(
-    cluster: ClusterFactory,
+    cluster: ClusterFactory, keeper_too: bool
 ) -> None:
     c = cluster(nodes=1, cpus_per_node=1)
     runs = c.work / "runs"
@@ -404,18 +405,30 @@ def test_a_job_that_ends_while_its_node_daemon_is_dead_runs_once(
     after = c.qsub("-W", f"depend=afterok:{jid}", "--", "touch", str(c.work / "ran"))
     c.wait_state(jid, "running")
     c.launched_procs(jid)
-    kill9(c.pids()["node-node0"])
+    node = psutil.Process(c.pids()["node-node0"])
+    if keeper_too:
+        keeper = node.parent()
+        assert keeper is not None and "minibatch.node.keeper" in keeper.cmdline()
+        kill9(keeper.pid)
+    kill9(node.pid)
     # The job ends by itself while no daemon watches it.
     c.wait_for(lambda: not c.job_procs(jid), timeout=30, what="the job's end")
     c.up(wait=60)
     record = c.wait_state(jid, "finished", timeout=60)
-    # Nobody saw how it ended: not a success (an afterok dependent would run
-    # on a failure), and not run again (it did run).
-    assert record["result"] == "node_fail", record
-    assert record["exit_status"] is None, record
     assert "ended while its node daemon was down" in record["comment"], record
+    # Run once either way: it did run.
     assert runs.read_text().split() == [jid], c.run("tracejob", jid).stdout
     assert record["reruns"] == 0, record
+    if not keeper_too:
+        # Its keeper kept how it ended.
+        assert (record["result"], record["exit_status"]) == ("completed", 0), record
+        assert c.wait_state(after, "finished")["result"] == "completed"
+        assert (c.work / "ran").exists()
+        return
+    # Nobody saw how it ended: not a success (an afterok dependent would run
+    # on a failure).
+    assert record["result"] == "node_fail", record
+    assert record["exit_status"] is None, record
     assert c.wait_state(after, "finished")["result"] == "cancelled"
     assert not (c.work / "ran").exists()
 
