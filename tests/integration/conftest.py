@@ -38,6 +38,7 @@ from minibatch.cluster import lifecycle, probe, stopping
 from minibatch.cluster.layout import NodeLayout, plan_nodes, usable_cpus
 from minibatch.config import Config, NodeDaemonConfig, Paths, load
 from minibatch.net.client import Client
+from minibatch.node import cgroup
 from minibatch.node.launcher import Launcher
 from minibatch.node.procfs import set_child_subreaper
 from minibatch.node.tracker import Report, Tracker
@@ -288,8 +289,30 @@ class Cluster:
         try:
             wait_for(reached, timeout, what=f"job {job_id} {want}")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; last seen: {last}") from None
+            where = self.job_diagnostics(job_id)
+            raise AssertionError(f"{exc}; last seen: {last}; {where}") from None
         return dict(last)
+
+    def job_diagnostics(self, job_id: str | int) -> str:
+        """What the kernel says of a job that did not get where a test
+        expected: its processes' states and its memory cgroup's counters."""
+        lines = []
+        for proc in self.job_procs(str(job_id)):
+            with contextlib.suppress(OSError, psutil.Error):
+                wchan = Path(f"/proc/{proc.pid}/wchan").read_text()
+                lines.append(f"pid {proc.pid} {proc.status()} in {wchan}")
+        tag = cgroup.home_tag(str(self.paths.home))
+        memory = Path("/sys/fs/cgroup/memory")
+        for memcg in memory.rglob(f"minibatch-*-{tag}/job_{job_id}"):
+            for name in ("usage_in_bytes", "limit_in_bytes", "failcnt"):
+                with contextlib.suppress(OSError):
+                    value = (memcg / f"memory.{name}").read_text().strip()
+                    lines.append(f"memory.{name} {value}")
+            with contextlib.suppress(OSError):
+                lines.append((memcg / "memory.oom_control").read_text())
+                stat = (memcg / "memory.stat").read_text().splitlines()
+                lines += [s for s in stat if not s.startswith("total_")]
+        return "kernel: " + " | ".join(lines)
 
     def wait_resizes(
         self, job_id: str | int, count: int, timeout: float = 15.0
