@@ -16,7 +16,9 @@ sitting, in turns, so the machine's drift falls on both alike:
 
 The rates are medians over ``repeat`` rounds; the round's order alternates
 (task-spooler first, then minibatch first) so neither always gets the warmer
-minutes. ``ratio`` is minibatch's median over task-spooler's.
+minutes. ``ratio`` is minibatch's median over task-spooler's. ``floor`` is
+what the kernel work of a job alone allows (:mod:`.floor`), in the same
+sitting: the highest ratio any implementation of the same guarantees reaches.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from minibatch.bench import throughput
+from minibatch.bench import floor, throughput
 from minibatch.errors import Unavailable
 from minibatch.net.client import Client
 
@@ -131,6 +133,8 @@ def side_by_side(
                 step()
     mb = statistics.median(mb_rates)
     ts = statistics.median(tsp_rates)
+    ceiling = floor.per_job(len(cpus), count=jobs, repeat=repeat, cgroups=cgroups)
+    ceiling["ceiling_ratio"] = round(ceiling["ceiling_jobs_per_s"] / ts, 3)
     return {
         "cpus": len(cpus),
         "jobs": jobs,
@@ -144,12 +148,14 @@ def side_by_side(
             name: round(1000 * sum(s[name] for s in spent) / (jobs * repeat), 3)
             for name in procs
         },
+        "floor": ceiling,
     }
 
 
 def render(result: dict[str, Any]) -> str:
     """The result as a short table for people."""
     runs = ", ".join
+    low = result["floor"]
     return "\n".join(
         [
             f"{result['jobs']} /bin/true jobs on {result['cpus']} CPUs, "
@@ -164,5 +170,9 @@ def render(result: dict[str, Any]) -> str:
                 f"{name} {ms:.2f} ms"
                 for name, ms in result["e2e_cpu_ms_per_job"].items()
             ),
+            f"floor          {low['ceiling_jobs_per_s']:>8} jobs/s  "
+            f"(ratio {low['ceiling_ratio']}): the kernel work alone, the node's "
+            f"{low['node_cpu_ms_per_job']:.2f} ms and the job's "
+            f"{low['job_cpu_ms_per_job']:.2f} ms of CPU a job ({low['cgroups']})",
         ]
     )

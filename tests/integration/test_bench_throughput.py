@@ -103,6 +103,13 @@ def test_side_by_side_with_task_spooler_reports_both_rates_and_the_ratio(
     expected = result["e2e_jobs_per_s"] / result["tsp_jobs_per_s"]
     assert result["ratio"] == pytest.approx(expected, rel=0.01)
     assert result["e2e_cpu_ms_per_job"]["server"] > 0
+    # The kernel work of a job alone, in cgroups (root here): a ceiling above
+    # what the whole cluster reaches.
+    low = result["floor"]
+    assert low["cgroups"].startswith("cgroup v"), low
+    assert low["node_cpu_ms_per_job"] > 0 and low["job_cpu_ms_per_job"] > 0
+    assert low["ceiling_jobs_per_s"] > result["e2e_jobs_per_s"], result
+    assert "floor" in spooler.render(result)
     assert "task-spooler" in spooler.render(result)
     # The cluster, the task-spooler server and their directories are gone.
     assert len(started) == 2
