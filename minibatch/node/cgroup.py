@@ -95,6 +95,12 @@ def _stat_value(text: str, key: str) -> int:
     return 0
 
 
+def _sliver(limit: int) -> int:
+    """Bytes of a memory limit that count as nothing left: 4 % of it, at
+    least 2 MiB (a program's hot code alone is about that)."""
+    return max(2 << 20, limit // 25)
+
+
 class JobCgroup:
     """The cgroup directories of one job (one per v1 hierarchy, or one on v2)."""
 
@@ -102,6 +108,12 @@ class JobCgroup:
         #: Controller ('' on v2) -> the job's directory in its hierarchy.
         self.dirs = dirs
         self.v2 = v2
+        #: For :meth:`thrashing_for`: the memory limit (bytes; 0 for none, None
+        #: until read), the refaults counted at the last look (-1: no look
+        #: yet), and since when the job has been thrashing.
+        self._limit: int | None = None
+        self._refaults = -1
+        self._thrash_since: float | None = None
 
     @classmethod
     def at(cls, dirs: dict[str, str]) -> JobCgroup | None:
@@ -160,6 +172,46 @@ class JobCgroup:
             return 0
         name = "memory.events" if self.v2 else "memory.oom_control"
         return _stat_value(_read(f"{d}/{name}"), "oom_kill")
+
+    def thrashing_for(self, now: float) -> float:
+        """Seconds the job has been thrashing at its memory limit, 0 if it is
+        not: its memory fills the limit, what of it the kernel could reclaim
+        (file pages; there is no swap for the rest) is down to a sliver
+        (:func:`_sliver`), and at each look the kernel has read back more of
+        the job's file pages it had evicted to make room
+        (``workingset_refault_file``; its program's own code among them). The
+        kernel's OOM killer counts each eviction as progress, so such a job
+        can crawl for minutes before it is killed, or run out its walltime;
+        systemd-oomd ends it by pressure, which v1 does not measure.
+
+        A job that streams files through its cache is not thrashing: the
+        cache is most of its memory."""
+        d = self._dir("memory")
+        if d is None:
+            return 0.0
+        if self._limit is None:
+            name = "memory.max" if self.v2 else "memory.limit_in_bytes"
+            text = _read(f"{d}/{name}").strip()
+            # v1 says "no limit" with a number near 2**63.
+            self._limit = int(text) if text.isdigit() and int(text) < 1 << 62 else 0
+        if not self._limit:
+            return 0.0
+        usage = "memory.current" if self.v2 else "memory.usage_in_bytes"
+        used = int(_read(f"{d}/{usage}") or 0)
+        stat = _read(f"{d}/memory.stat")
+        files = _stat_value(stat, "file" if self.v2 else "cache")
+        files -= _stat_value(stat, "shmem")  # counted as cache, never evicted
+        refaults = _stat_value(stat, "workingset_refault_file")
+        room = _sliver(self._limit)
+        full = used >= self._limit - room and files <= room
+        rising = 0 <= self._refaults < refaults
+        self._refaults = refaults
+        if not (full and rising):
+            self._thrash_since = None
+            return 0.0
+        if self._thrash_since is None:
+            self._thrash_since = now
+        return now - self._thrash_since
 
     def remove(self) -> bool:
         """Remove the directories; False while a process is still inside."""

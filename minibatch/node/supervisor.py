@@ -24,7 +24,8 @@ a pid that may have been reused.
 
 **Limits.** Walltime: SIGTERM to the tree, SIGKILL after ``kill_grace``. Memory: in
 a cgroup the kernel holds the job to ``mem`` (an OOM kill there ends the whole job
-``out_of_memory``); without one the tree's summed RSS is sampled every
+``out_of_memory``, and so does thrashing at the limit for ``_THRASH_S``, which
+the kernel may take minutes to end); without one the tree's summed RSS is sampled every
 ``sample_interval`` and over the limit, SIGKILL. A ``Kill`` from the server does
 what walltime does, with the server's result. A ``Signal`` (``qsig``) goes to every
 process of the tree, as a kill does.
@@ -69,6 +70,11 @@ Report = JobStarted | JobResized | JobEnded
 _FINISHED_MEMORY = 10_000
 #: A job whose leftovers will not die (uninterruptible sleep) is ended anyway.
 _DRAIN_LIMIT_S = 30.0
+#: A job thrashing at its memory limit this long is out of memory
+#: (:meth:`JobCgroup.thrashing_for <minibatch.node.cgroup.JobCgroup.thrashing_for>`):
+#: long enough that a job passing through its limit (reading a file once)
+#: is spared, short against the minutes the kernel may take.
+_THRASH_S = 2.0
 
 
 class Supervisor:
@@ -291,12 +297,22 @@ class Supervisor:
             )
 
     def _oom(self, run: Run) -> tuple[JobResult, str] | None:
-        """The kernel OOM-killed a process of the job: the whole job ends."""
-        kills = run.cg.oom_kills() if run.cg is not None else 0
-        if kills <= run.oom_seen:
+        """The kernel OOM-killed a process of the job, or the job has been
+        thrashing at its memory limit a while: the whole job ends."""
+        if run.cg is None:
             return None
-        run.oom_seen = kills
-        return JobResult.OUT_OF_MEMORY, self._oom_comment(run)
+        kills = run.cg.oom_kills()
+        if kills > run.oom_seen:
+            run.oom_seen = kills
+            return JobResult.OUT_OF_MEMORY, self._oom_comment(run)
+        stuck = run.cg.thrashing_for(time.monotonic())
+        if stuck < _THRASH_S:
+            return None
+        return JobResult.OUT_OF_MEMORY, (
+            f"memory limit of {run.spec.mem_kb} kb exceeded: its memory filled "
+            f"the limit and for {stuck:.1f} s the kernel kept evicting and "
+            "reading back its files (thrashing)"
+        )
 
     def _oom_comment(self, run: Run) -> str:
         peak = run.cg.peak_kb() if run.cg is not None else 0

@@ -16,6 +16,7 @@ from minibatch.config import Config, NodeConfig
 from minibatch.core.job import JobResult
 from minibatch.errors import InvalidArgument
 from minibatch.node import exits, procfs, reaper, records
+from minibatch.node.cgroup import JobCgroup
 from minibatch.node.identity import (
     Identity,
     LaunchError,
@@ -290,3 +291,56 @@ def test_a_missing_interpreter_is_read_without_waiting(tmp_path: Path) -> None:
     assert describe_exec_error(gone, ["job.sh"], str(tmp_path), me).startswith(
         "No such file or directory"
     )
+
+
+def _memcg(where: Path, used: int, cache: int, refaults: int, shmem: int = 0) -> None:
+    """The files of a v1 memory cgroup with a 64 MiB limit, as the kernel
+    would show them."""
+    (where / "memory.limit_in_bytes").write_text(f"{64 << 20}\n")
+    (where / "memory.usage_in_bytes").write_text(f"{used}\n")
+    (where / "memory.stat").write_text(
+        f"cache {cache}\nrss {used - cache}\nshmem {shmem}\n"
+        f"workingset_refault_file {refaults}\n"
+    )
+
+
+def test_thrashing_at_the_memory_limit_is_timed_from_its_first_sight(
+    tmp_path: Path,
+) -> None:
+    cg = JobCgroup({"memory": str(tmp_path)}, v2=False)
+    full = 64 << 20
+    _memcg(tmp_path, full, cache=1 << 20, refaults=100)
+    assert cg.thrashing_for(10.0) == 0.0  # the first look sets the count
+    _memcg(tmp_path, full, cache=1 << 20, refaults=900)
+    assert cg.thrashing_for(10.5) == 0.0  # seen: timed from now
+    _memcg(tmp_path, full, cache=1 << 20, refaults=2000)
+    assert cg.thrashing_for(12.0) == 1.5
+    # A look with no file read back again ends the spell.
+    assert cg.thrashing_for(12.5) == 0.0
+    _memcg(tmp_path, full, cache=1 << 20, refaults=2100)
+    assert cg.thrashing_for(13.0) == 0.0
+
+
+def test_room_in_the_cache_or_below_the_limit_is_not_thrashing(
+    tmp_path: Path,
+) -> None:
+    cg = JobCgroup({"memory": str(tmp_path)}, v2=False)
+    full = 64 << 20
+    # Streaming a file through a cache that is most of the memory.
+    for i, now in enumerate((1.0, 2.0, 3.0)):
+        _memcg(tmp_path, full, cache=40 << 20, refaults=1000 * i)
+        assert cg.thrashing_for(now) == 0.0
+    # Shared memory counts as cache in v1 but is never evicted: no room.
+    cg = JobCgroup({"memory": str(tmp_path)}, v2=False)
+    for refaults, now, spell in ((5000, 4.0, 0.0), (5100, 5.0, 0.0), (6000, 6.0, 1.0)):
+        _memcg(tmp_path, full, cache=40 << 20, shmem=39 << 20, refaults=refaults)
+        assert cg.thrashing_for(now) == spell
+    # Well below the limit.
+    cg = JobCgroup({"memory": str(tmp_path)}, v2=False)
+    for i, now in enumerate((1.0, 2.0, 3.0)):
+        _memcg(tmp_path, 40 << 20, cache=1 << 20, refaults=1000 * i)
+        assert cg.thrashing_for(now) == 0.0
+    # No limit at all (v1's "no limit" is a number near 2**63).
+    (tmp_path / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    cg = JobCgroup({"memory": str(tmp_path)}, v2=False)
+    assert cg.thrashing_for(1.0) == cg.thrashing_for(2.0) == 0.0
