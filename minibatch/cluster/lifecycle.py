@@ -95,7 +95,8 @@ def _spawn(paths: Paths, daemon: Daemon) -> subprocess.Popen[bytes]:
 
         # The keeper writes the daemon's pid; a stale file must not stand in.
         pidfile.unlink(missing_ok=True)
-        command = keeper.command(pidfile, paths.spool, command)
+        node = daemon.name.removeprefix("node-")
+        command = keeper.command(pidfile, paths.spool, node, command)
     with paths.logfile(daemon.name).open("ab") as log:
         log.write(f"--- {time.ctime()} mb up: {' '.join(command)}\n".encode())
         log.flush()
@@ -212,8 +213,12 @@ class _Starter:
         _stop(
             {name: pids.get(name, p.pid) for name, p in self.procs.items()}, self.paths
         )
-        for name in self.procs:
+        for name, proc in self.procs.items():
             self.paths.pidfile(name).unlink(missing_ok=True)
+            # A node's keeper ends with its daemon; one whose daemon never
+            # wrote a pid file was signalled above, and passed it on.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(STOP_GRACE)
 
 
 def up(
@@ -477,7 +482,9 @@ def down(
         if swept:
             stopped.append(f"{swept} job(s) left running without a node daemon")
         # Their jobs gone, the node daemons' keepers exit: nothing outlives mb down.
-        stopping.wait_keepers(paths)
+        waiting = stopping.wait_keepers(paths)
+        if waiting:
+            stopped.append(f"{waiting} node keeper(s) still waiting for job processes")
     for name in pidfile_names(paths):
         paths.pidfile(name).unlink(missing_ok=True)
     if "broker" in pids:

@@ -23,7 +23,7 @@ from minibatch.config import Config, Paths
 from minibatch.core.job import ACTIVE_STATES
 from minibatch.errors import InvalidArgument, MinibatchError
 from minibatch.net.client import Client
-from minibatch.node import cgroup, keeper, procfs, records
+from minibatch.node import cgroup, keeper, procfs, reaper, records
 from minibatch.node.cgroup import JobCgroup
 from minibatch.node.launcher import remove_spool_files
 from minibatch.protocol.messages import JobList, NodeList, QueryJobs, QueryNodes
@@ -84,11 +84,16 @@ def sweep(paths: Paths) -> int:
     return swept
 
 
-def wait_keepers(paths: Paths, timeout: float = 5.0) -> None:
+def wait_keepers(paths: Paths, timeout: float = 5.0) -> int:
     """Wait for the keepers of this cluster's node daemons to exit, as they do
-    once the daemon and every job it left are gone (:mod:`minibatch.node.keeper`)."""
+    once the daemon and every job it left are gone
+    (:mod:`minibatch.node.keeper`); how many are still waiting."""
     procs = []
     for pid in keeper.keepers(paths.spool):
         with contextlib.suppress(psutil.Error):
             procs.append(psutil.Process(pid))
-    psutil.wait_procs(procs, timeout=timeout)
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    # An end a keeper wrote as the sweep removed its job's record.
+    if paths.spool.is_dir():
+        reaper.remove_stale(paths.spool)
+    return len(alive)

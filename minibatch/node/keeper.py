@@ -31,6 +31,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -40,28 +41,42 @@ from minibatch.node import procfs, reaper, records
 PROGRAM = "minibatch.node.keeper"
 #: What stops a daemon, passed on to it while it runs.
 _PASSED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+#: A job's record is taken just before its fork: its top started within this
+#: of the record's start, or it is another process with a reused pid.
+_SAME_START_S = 5.0
+#: How long a daemon left without its pid file gets to stop before SIGKILL.
+_STOP_GRACE_S = 10.0
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 log = logging.getLogger("mb-node-keeper")
 
 
-def command(pidfile: Path, spool: Path, daemon: list[str]) -> list[str]:
-    """The command that runs ``daemon`` under a keeper. ``-P``: the keeper
-    imports from the install only, never from the directory it started in."""
-    where = [str(pidfile.absolute()), str(spool.absolute())]
+def command(pidfile: Path, spool: Path, node: str, daemon: list[str]) -> list[str]:
+    """The command that runs ``daemon`` (of node ``node``) under a keeper.
+    ``-P``: the keeper imports from the install only, never from the
+    directory it started in."""
+    where = [str(pidfile.absolute()), str(spool.absolute()), node]
     return [sys.executable, "-P", "-m", PROGRAM, *where, "--", *daemon]
 
 
 def keepers(spool: Path) -> list[int]:
-    """The keepers still running for the cluster whose spool is ``spool``."""
+    """The keepers still running for the cluster whose spool is ``spool``:
+    processes of the spool's owner (anyone may name a spool on a command
+    line) running this program for it."""
     found = []
     want = str(spool.absolute()).encode()
+    try:
+        owner = spool.stat().st_uid
+    except OSError:
+        return []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         with contextlib.suppress(OSError):
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 words = f.read().split(b"\0")
-            if PROGRAM.encode() in words[:4] and want in words[4:6]:
+            ours = os.stat(f"/proc/{name}").st_uid == owner
+            if ours and PROGRAM.encode() in words[:4] and want in words[4:6]:
                 found.append(int(name))
     return found
 
@@ -78,23 +93,90 @@ def _exit_code(status: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def keep(pidfile: Path, spool: Path, daemon: list[str]) -> int:
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal has no name
+        return f"signal {number}"
+
+
+def _boot_time() -> float:
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def _started_at(pid: int, boot: float) -> float | None:
+    """When ``pid`` started (epoch seconds), zombie or not; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            after_name = f.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    # Field 22 of stat, the 20th after the name: clock ticks since boot.
+    return boot + int(after_name[19]) / _TICKS
+
+
+def orphans(spool: Path, node: str) -> dict[int, int]:
+    """Top process -> job for the jobs of ``node`` whose top is our child now:
+    its record names it and it started when the record says (a pid the
+    daemon had reaped may be another process's by now)."""
+    boot = _boot_time()
+    ours = set(procfs.own_children())
+    found = {}
+    for pid, (job, start) in records.tops(spool, node).items():
+        began = _started_at(pid, boot) if pid in ours else None
+        if began is not None and abs(began - start) < _SAME_START_S:
+            found[pid] = job
+    return found
+
+
+def _spawn(daemon: list[str]) -> tuple[int, int]:
+    """The daemon's pid and a pidfd of it, to signal it even after its pid
+    is reaped (and maybe reused)."""
+    child = os.posix_spawn(daemon[0], daemon, os.environ, setsigdef=_PASSED)
+    return child, os.pidfd_open(child)
+
+
+def _stop(child: int, pidfd: int) -> None:
+    """End a daemon that must not run on without its keeper."""
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+    deadline = time.monotonic() + _STOP_GRACE_S
+    while os.waitpid(child, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            os.waitpid(child, 0)
+            return
+        time.sleep(0.05)
+
+
+def keep(pidfile: Path, spool: Path, node: str, daemon: list[str]) -> int:
     """Run ``daemon`` and outlive it; the daemon's exit code."""
     procfs.set_child_subreaper(True)
-    child = 0
+    pidfd = -1
     pending: list[int] = []
 
     def pass_on(sig: int, _frame: types.FrameType | None) -> None:
-        if not child:
+        if pidfd < 0:
             pending.append(sig)  # before the spawn returned: sent after it
             return
         with contextlib.suppress(ProcessLookupError):
-            os.kill(child, sig)
+            signal.pidfd_send_signal(pidfd, sig)
 
     for sig in _PASSED:
         signal.signal(sig, pass_on)
-    child = os.posix_spawn(daemon[0], daemon, os.environ, setsigdef=_PASSED)
-    _write_pid(pidfile, child)
+    child, pidfd = _spawn(daemon)
+    try:
+        _write_pid(pidfile, child)
+    except OSError as exc:
+        # No pid file: nothing could find the daemon to stop it.
+        log.error("cannot write %s: %s; stopping mb-node", pidfile, exc)
+        _stop(child, pidfd)
+        return 1
     for early in pending:
         pass_on(early, None)
     _, status = os.waitpid(child, 0)
@@ -102,16 +184,24 @@ def keep(pidfile: Path, spool: Path, daemon: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    tops = records.tops(spool)
-    if os.WIFSIGNALED(status):
-        log.warning(
-            "mb-node (pid %d) was killed by %s; keeping the ends of the %d "
-            "job(s) it left running",
-            child,
-            signal.Signals(os.WTERMSIG(status)).name,
-            len(tops.keys() & set(procfs.own_children())),
-        )
-    reaper.reap(spool, tops)
+    tops: dict[int, int] = {}
+    try:
+        tops = orphans(spool, node)
+        if status != 0 and tops:
+            how = (
+                f"was killed by {_signal_name(os.WTERMSIG(status))}"
+                if os.WIFSIGNALED(status)
+                else f"exited with status {os.WEXITSTATUS(status)}"
+            )
+            log.warning(
+                "mb-node (pid %d) %s; keeping the ends of the %d job(s) it left "
+                "running",
+                child,
+                how,
+                len(tops),
+            )
+    finally:
+        reaper.reap(spool, tops)
     return _exit_code(status)
 
 
@@ -121,15 +211,14 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s mb-node-keeper[%(process)d] %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
-    if len(argv) < 4 or argv[2] != "--":
-        print(
-            f"usage: python -m {PROGRAM} PIDFILE SPOOL -- MB-NODE...", file=sys.stderr
-        )
+    if len(argv) < 5 or argv[3] != "--":
+        usage = f"usage: python -m {PROGRAM} PIDFILE SPOOL NODE -- MB-NODE..."
+        print(usage, file=sys.stderr)
         return 2
     try:
-        return keep(Path(argv[0]), Path(argv[1]), argv[3:])
+        return keep(Path(argv[0]), Path(argv[1]), argv[2], argv[4:])
     except OSError as exc:
-        log.error("cannot run %s: %s", argv[3], exc)
+        log.error("cannot run %s: %s", argv[4], exc)
         return 1
 
 

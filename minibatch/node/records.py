@@ -131,13 +131,14 @@ def load_all(spool: Path, node: str | None = None) -> list[RunRecord]:
     return found
 
 
-def tops(spool: Path) -> dict[int, int]:
-    """Top process -> job, for every readable record with a pid. Only reads:
-    whoever calls this (a keeper whose daemon is gone) owns no record."""
-    found: dict[int, int] = {}
+def tops(spool: Path, node: str) -> dict[int, tuple[int, float]]:
+    """Top process -> (job, start) for every readable record of ``node`` with
+    a pid. Only reads: whoever calls this (a keeper whose daemon is gone)
+    owns no record."""
+    found: dict[int, tuple[int, float]] = {}
     for entry in spool.glob(f"*{_SUFFIX}"):
         with contextlib.suppress(OSError, msgspec.DecodeError):
             rec = parse(entry.read_bytes())
-            if rec.pid > 0:
-                found[rec.pid] = rec.spec.job
+            if rec.pid > 0 and rec.node == node:
+                found[rec.pid] = (rec.spec.job, rec.start)
     return found
