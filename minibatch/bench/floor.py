@@ -71,8 +71,10 @@ def _round(spool: Path, cgroups: Cgroups, count: int, cpu: int) -> tuple[float, 
         cg = cgroups.create(job, [cpu], None) if cgroups.enabled else None
         with cgroups.inside(cg) if cg is not None else contextlib.nullcontext():
             pid = os.posix_spawn("/bin/true", ["/bin/true"], {}, setsid=True)
-        records.started(spool, job, pid)
-        os.waitpid(pid, 0)
+        try:
+            records.started(spool, job, pid)
+        finally:
+            os.waitpid(pid, 0)
         if cg is not None:
             cg.procs()
             cg.cpu_seconds()

@@ -17,8 +17,9 @@ sitting, in turns, so the machine's drift falls on both alike:
 The rates are medians over ``repeat`` rounds; the round's order alternates
 (task-spooler first, then minibatch first) so neither always gets the warmer
 minutes. ``ratio`` is minibatch's median over task-spooler's. ``floor`` is
-what the kernel work of a job alone allows (:mod:`.floor`), in the same
-sitting: the highest ratio any implementation of the same guarantees reaches.
+what the kernel work of a job alone allows (:mod:`.floor`), measured after
+the rounds: the highest ratio any implementation of the same guarantees
+reaches.
 """
 
 from __future__ import annotations

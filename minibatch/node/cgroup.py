@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from minibatch.core.units import format_cpu_list
+from minibatch.node import thrash
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +88,23 @@ def _read(path: str | Path) -> str:
     return b"".join(chunks).decode()
 
 
+def _stall_us(pressure: str) -> int | None:
+    """The ``some total=`` of a PSI file, or None without one."""
+    for line in pressure.splitlines():
+        if line.startswith("some "):
+            for field in line.split()[1:]:
+                name, _, value = field.partition("=")
+                if name == "total" and value.isdigit():
+                    return int(value)
+    return None
+
+
 def _stat_value(text: str, key: str) -> int:
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name == key:
             return int(value)
     return 0
-
-
-def _sliver(limit: int) -> int:
-    """Bytes of a memory limit that count as nothing left: 4 % of it, at
-    least 2 MiB (a program's hot code alone is about that)."""
-    return max(2 << 20, limit // 25)
 
 
 class JobCgroup:
@@ -108,12 +114,8 @@ class JobCgroup:
         #: Controller ('' on v2) -> the job's directory in its hierarchy.
         self.dirs = dirs
         self.v2 = v2
-        #: For :meth:`thrashing_for`: the memory limit (bytes; 0 for none, None
-        #: until read), the refaults counted at the last look (-1: no look
-        #: yet), and since when the job has been thrashing.
+        #: The memory limit (bytes; 0 for none), read at the first look.
         self._limit: int | None = None
-        self._refaults = -1
-        self._thrash_since: float | None = None
 
     @classmethod
     def at(cls, dirs: dict[str, str]) -> JobCgroup | None:
@@ -173,45 +175,31 @@ class JobCgroup:
         name = "memory.events" if self.v2 else "memory.oom_control"
         return _stat_value(_read(f"{d}/{name}"), "oom_kill")
 
-    def thrashing_for(self, now: float) -> float:
-        """Seconds the job has been thrashing at its memory limit, 0 if it is
-        not: its memory fills the limit, what of it the kernel could reclaim
-        (file pages; there is no swap for the rest) is down to a sliver
-        (:func:`_sliver`), and at each look the kernel has read back more of
-        the job's file pages it had evicted to make room
-        (``workingset_refault_file``; its program's own code among them). The
-        kernel's OOM killer counts each eviction as progress, so such a job
-        can crawl for minutes before it is killed, or run out its walltime;
-        systemd-oomd ends it by pressure, which v1 does not measure.
-
-        A job that streams files through its cache is not thrashing: the
-        cache is most of its memory."""
+    def memory_now(self) -> thrash.Sample | None:
+        """What :class:`thrash.Watch <minibatch.node.thrash.Watch>` looks at."""
         d = self._dir("memory")
         if d is None:
-            return 0.0
+            return None
         if self._limit is None:
             name = "memory.max" if self.v2 else "memory.limit_in_bytes"
             text = _read(f"{d}/{name}").strip()
-            # v1 says "no limit" with a number near 2**63.
+            # v1 says "no limit" with a number near 2**63, v2 with "max".
             self._limit = int(text) if text.isdigit() and int(text) < 1 << 62 else 0
-        if not self._limit:
-            return 0.0
         usage = "memory.current" if self.v2 else "memory.usage_in_bytes"
-        used = int(_read(f"{d}/{usage}") or 0)
         stat = _read(f"{d}/memory.stat")
         files = _stat_value(stat, "file" if self.v2 else "cache")
-        files -= _stat_value(stat, "shmem")  # counted as cache, never evicted
-        refaults = _stat_value(stat, "workingset_refault_file")
-        room = _sliver(self._limit)
-        full = used >= self._limit - room and files <= room
-        rising = 0 <= self._refaults < refaults
-        self._refaults = refaults
-        if not (full and rising):
-            self._thrash_since = None
-            return 0.0
-        if self._thrash_since is None:
-            self._thrash_since = now
-        return now - self._thrash_since
+        refaults = _stat_value(stat, "workingset_refault_file") or _stat_value(
+            stat,
+            "workingset_refault",  # its name before Linux 5.9
+        )
+        pressure = f"{d}/memory.pressure" if self.v2 else "/proc/pressure/memory"
+        return thrash.Sample(
+            used=int(_read(f"{d}/{usage}") or 0),
+            limit=self._limit,
+            files=files - _stat_value(stat, "shmem"),
+            refaults=refaults,
+            stall_us=_stall_us(_read(pressure)),
+        )
 
     def remove(self) -> bool:
         """Remove the directories; False while a process is still inside."""
@@ -325,7 +313,16 @@ class Cgroups:
         if own != ROOT:
             with contextlib.suppress(OSError):
                 _write(own / "cgroup.subtree_control", enable)
-        _write(base / "cgroup.subtree_control", enable)
+        try:
+            _write(base / "cgroup.subtree_control", enable)
+        except OSError:
+            # Back where it was, and nothing left behind (a daemon without
+            # cgroups, or the floor bench, runs on in its own).
+            with contextlib.suppress(OSError):
+                _write(own / "cgroup.procs", str(os.getpid()))
+                leaf.rmdir()
+                base.rmdir()
+            raise
         self.v2 = True
         self._home[""], self.bases[""] = leaf, base
 

@@ -31,6 +31,7 @@ from minibatch.core.job import JobResult
 from minibatch.node import procfs
 from minibatch.node.cgroup import JobCgroup
 from minibatch.node.procfs import ProcTable
+from minibatch.node.thrash import Watch
 from minibatch.protocol.messages import JobEnded, LaunchSpec
 
 
@@ -53,6 +54,8 @@ class Run:
     exit_awaited: bool = False
     #: Kernel OOM kills in its cgroup already acted on.
     oom_seen: int = 0
+    #: Whether it thrashes at its memory limit (:mod:`.thrash`).
+    thrash: Watch = field(default_factory=Watch)
     #: Wait status of the top process, once reaped.
     status: int | None = None
     cputime_s: float = 0.0

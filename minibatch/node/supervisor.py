@@ -71,9 +71,7 @@ _FINISHED_MEMORY = 10_000
 #: A job whose leftovers will not die (uninterruptible sleep) is ended anyway.
 _DRAIN_LIMIT_S = 30.0
 #: A job thrashing at its memory limit this long is out of memory
-#: (:meth:`JobCgroup.thrashing_for <minibatch.node.cgroup.JobCgroup.thrashing_for>`):
-#: long enough that a job passing through its limit (reading a file once)
-#: is spared, short against the minutes the kernel may take.
+#: (:mod:`.thrash`): short against the minutes the kernel may take.
 _THRASH_S = 2.0
 
 
@@ -305,11 +303,12 @@ class Supervisor:
         if kills > run.oom_seen:
             run.oom_seen = kills
             return JobResult.OUT_OF_MEMORY, self._oom_comment(run)
-        stuck = run.cg.thrashing_for(time.monotonic())
-        if stuck < _THRASH_S:
+        memory = run.cg.memory_now()
+        stuck = run.thrash.look(memory, time.monotonic())
+        if memory is None or stuck < _THRASH_S:
             return None
         return JobResult.OUT_OF_MEMORY, (
-            f"memory limit of {run.spec.mem_kb} kb exceeded: its memory filled "
+            f"memory limit of {memory.limit // 1024} kb exceeded: its memory filled "
             f"the limit and for {stuck:.1f} s the kernel kept evicting and "
             "reading back its files (thrashing)"
         )

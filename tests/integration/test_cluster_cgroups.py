@@ -117,12 +117,13 @@ def test_memory_limit_is_hard_and_counts_shm_and_memfd(
     for kind, jid in ids.items():
         record = c.wait_state(jid, "finished", timeout=30)
         assert record["result"] == "out_of_memory", (kind, record)
-        # By the kernel's OOM killer, or by the node if the kernel let the
-        # job thrash at the limit first.
-        assert f"memory limit of {limit_kb} kb exceeded" in record["comment"], (
-            kind,
-            record,
+        # By the kernel's OOM killer (a bytearray is one allocation: no
+        # code runs to thrash on), or by the node if the kernel let the job
+        # thrash at the limit first.
+        why = (
+            "the kernel killed" if kind == "anon" else f"memory limit of {limit_kb} kb"
         )
+        assert why in record["comment"], (kind, record)
         # The cgroup's own peak: never past the limit, unlike a sampled one.
         assert 0 < record["maxrss_kb"] <= limit_kb, (kind, record)
         # Where its user looks, as Torque's mom writes it.
@@ -148,7 +149,7 @@ def test_a_job_thrashing_at_its_memory_limit_ends_out_of_memory(
     record = c.wait_state(thrasher, "finished", timeout=50)
     # Long before its walltime (60 s), which it would otherwise run out.
     assert (record["result"], record["signal"]) == ("out_of_memory", 9), record
-    assert "memory limit of 65536 kb exceeded" in record["comment"], record
+    assert "(thrashing)" in record["comment"], record
     out = (c.work / f"thrash.e{thrasher}").read_text()
     assert "=>> PBS: job killed: memory limit" in out, out
     assert c.job_procs(thrasher) == []

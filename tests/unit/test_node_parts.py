@@ -15,7 +15,7 @@ import pytest
 from minibatch.config import Config, NodeConfig
 from minibatch.core.job import JobResult
 from minibatch.errors import InvalidArgument
-from minibatch.node import exits, procfs, reaper, records
+from minibatch.node import exits, procfs, reaper, records, thrash
 from minibatch.node.cgroup import JobCgroup
 from minibatch.node.identity import (
     Identity,
@@ -293,54 +293,88 @@ def test_a_missing_interpreter_is_read_without_waiting(tmp_path: Path) -> None:
     )
 
 
-def _memcg(where: Path, used: int, cache: int, refaults: int, shmem: int = 0) -> None:
-    """The files of a v1 memory cgroup with a 64 MiB limit, as the kernel
-    would show them."""
-    (where / "memory.limit_in_bytes").write_text(f"{64 << 20}\n")
-    (where / "memory.usage_in_bytes").write_text(f"{used}\n")
-    (where / "memory.stat").write_text(
-        f"cache {cache}\nrss {used - cache}\nshmem {shmem}\n"
-        f"workingset_refault_file {refaults}\n"
+def test_a_memory_cgroup_is_read_as_the_kernel_writes_it(tmp_path: Path) -> None:
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    v1.mkdir()
+    v2.mkdir()
+    (v1 / "memory.limit_in_bytes").write_text(f"{64 << 20}\n")
+    (v1 / "memory.usage_in_bytes").write_text(f"{63 << 20}\n")
+    # v1 counts shared memory as cache; kernels before 5.9 had no _file.
+    (v1 / "memory.stat").write_text(
+        "cache 3145728\nrss 62914560\nshmem 1048576\nworkingset_refault 77\n"
     )
+    sample = JobCgroup({"memory": str(v1)}, v2=False).memory_now()
+    assert sample is not None
+    assert (sample.used, sample.limit, sample.files, sample.refaults) == (
+        63 << 20,
+        64 << 20,
+        2 << 20,
+        77,
+    )
+    assert (sample.stall_us is None) == (not Path("/proc/pressure/memory").exists())
+    (v2 / "memory.max").write_text("max\n")
+    (v2 / "memory.current").write_text("4096\n")
+    (v2 / "memory.stat").write_text(
+        "anon 0\nfile 8192\nshmem 4096\nworkingset_refault_file 9\n"
+    )
+    (v2 / "memory.pressure").write_text(
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=1234\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=99\n"
+    )
+    sample = JobCgroup({"": str(v2)}, v2=True).memory_now()
+    assert sample == thrash.Sample(4096, 0, 4096, 9, 1234)
 
 
-def test_thrashing_at_the_memory_limit_is_timed_from_its_first_sight(
-    tmp_path: Path,
-) -> None:
-    cg = JobCgroup({"memory": str(tmp_path)}, v2=False)
+def _looks(
+    watch: thrash.Watch, looks: list[tuple[float, int, int, int]]
+) -> list[float]:
+    """What ``watch`` says at each (time, files MiB, refaults, stall s), for a
+    job at its 64 MiB limit."""
     full = 64 << 20
-    _memcg(tmp_path, full, cache=1 << 20, refaults=100)
-    assert cg.thrashing_for(10.0) == 0.0  # the first look sets the count
-    _memcg(tmp_path, full, cache=1 << 20, refaults=900)
-    assert cg.thrashing_for(10.5) == 0.0  # seen: timed from now
-    _memcg(tmp_path, full, cache=1 << 20, refaults=2000)
-    assert cg.thrashing_for(12.0) == 1.5
-    # A look with no file read back again ends the spell.
-    assert cg.thrashing_for(12.5) == 0.0
-    _memcg(tmp_path, full, cache=1 << 20, refaults=2100)
-    assert cg.thrashing_for(13.0) == 0.0
+    return [
+        watch.look(thrash.Sample(full, full, files << 20, ref, int(stall * 1e6)), t)
+        for t, files, ref, stall in looks
+    ]
 
 
-def test_room_in_the_cache_or_below_the_limit_is_not_thrashing(
-    tmp_path: Path,
-) -> None:
-    cg = JobCgroup({"memory": str(tmp_path)}, v2=False)
-    full = 64 << 20
-    # Streaming a file through a cache that is most of the memory.
-    for i, now in enumerate((1.0, 2.0, 3.0)):
-        _memcg(tmp_path, full, cache=40 << 20, refaults=1000 * i)
-        assert cg.thrashing_for(now) == 0.0
-    # Shared memory counts as cache in v1 but is never evicted: no room.
-    cg = JobCgroup({"memory": str(tmp_path)}, v2=False)
-    for refaults, now, spell in ((5000, 4.0, 0.0), (5100, 5.0, 0.0), (6000, 6.0, 1.0)):
-        _memcg(tmp_path, full, cache=40 << 20, shmem=39 << 20, refaults=refaults)
-        assert cg.thrashing_for(now) == spell
-    # Well below the limit.
-    cg = JobCgroup({"memory": str(tmp_path)}, v2=False)
-    for i, now in enumerate((1.0, 2.0, 3.0)):
-        _memcg(tmp_path, 40 << 20, cache=1 << 20, refaults=1000 * i)
-        assert cg.thrashing_for(now) == 0.0
-    # No limit at all (v1's "no limit" is a number near 2**63).
-    (tmp_path / "memory.limit_in_bytes").write_text("9223372036854771712\n")
-    cg = JobCgroup({"memory": str(tmp_path)}, v2=False)
-    assert cg.thrashing_for(1.0) == cg.thrashing_for(2.0) == 0.0
+def test_thrashing_is_a_spell_of_looks_at_a_full_limit_stalling_on_memory() -> None:
+    # At the limit with 1 MiB of files, reading back more at each look and
+    # stalling half the time: thrashing from the first look that saw it.
+    looks = [(0.0, 1, 10, 0.0)] + [
+        (t, 1, 10 + int(t * 100), t / 2) for t in (1, 2, 3, 4)
+    ]
+    assert _looks(thrash.Watch(), looks) == [0.0, 0.0, 0.0, 0.0, 3.0]
+    # A look with nothing read back ends the spell; the next one starts anew.
+    stop = [(5.0, 1, 410, 2.5), (6.0, 1, 500, 3.0), (7.0, 1, 600, 3.5)]
+    watch = thrash.Watch()
+    assert _looks(watch, looks + stop)[-3:] == [0.0, 0.0, 0.0]
+    # Two late looks are not a spell, however long apart.
+    assert _looks(
+        thrash.Watch(), [(0.0, 1, 1, 0), (5.0, 1, 9, 5), (9.0, 1, 20, 9)]
+    ) == [
+        0.0,
+        0.0,
+        0.0,
+    ]
+
+
+def test_room_or_little_stall_is_not_thrashing() -> None:
+    def spell(files_mib: int, stall_share: float, used: int = 64 << 20) -> float:
+        watch = thrash.Watch()
+        said = 0.0
+        for n in range(6):
+            sample = thrash.Sample(
+                used, 64 << 20, files_mib << 20, 100 * n, int(n * stall_share * 1e6)
+            )
+            said = watch.look(sample, float(n))
+        return said
+
+    assert spell(1, 0.5) == 4.0  # the case above: thrashing
+    assert spell(40, 0.5) == 0.0  # a cache that is most of its memory: room
+    assert spell(1, 0.14) == 0.0  # re-reading through a small cache at its pace
+    assert spell(1, 0.5, used=40 << 20) == 0.0  # well below the limit
+    # No limit, or no pressure kept by the kernel: never.
+    watch = thrash.Watch()
+    for n in range(6):
+        assert watch.look(thrash.Sample(1, 0, 0, n, n * 10**6), float(n)) == 0.0
+        assert watch.look(None, float(n)) == 0.0
