@@ -8,7 +8,9 @@
 
 Whatever the mode, a job whose node daemon was already dead is found by the
 record it left in the spool (:mod:`minibatch.node.records`) and killed, unless
-jobs are being kept: nothing a job started outlives ``mb down``.
+jobs are being kept: nothing a job started outlives ``mb down``. Its node's
+next daemon tells the server, which requeues it or, ``-r n``, cancels it, as
+for the jobs of a node that stops.
 """
 
 from __future__ import annotations
@@ -75,11 +77,15 @@ def sweep(paths: Paths) -> int:
     swept = 0
     for rec in records.load_all(where):
         cg = JobCgroup.at(rec.cgroup)
+        # Read first: an end the job reached by itself is not the sweep's.
+        ended = reaper.read(where, rec.spec.job, rec.pid)
         if procfs.kill_job_remains(rec.pid, rec.spec.uid, cg):
             swept += 1
+            ended = None
         if cg is not None:
             cg.remove()
         remove_spool_files(where, rec.spec.job)
+        records.mark_swept(where, rec, ended)
     cgroup.remove_empty(str(paths.home))
     return swept
 

@@ -54,8 +54,20 @@ class RunRecord(msgspec.Struct, kw_only=True):
     seq: int = 0
 
 
+class Swept(msgspec.Struct, kw_only=True):
+    """A job ``mb down`` found while no daemon of its node ran (its record
+    went with it): what that node's next daemon reports (:func:`mark_swept`)."""
+
+    record: RunRecord
+    #: How it had ended by itself, if its keeper or reaper saw it; None for
+    #: a job the sweep killed.
+    ended: reaper.ExitRecord | None = None
+
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(RunRecord)
+_swept_decoder = msgspec.json.Decoder(Swept)
+_SWEPT = ".swept"
 
 
 def dirs_of(cg: JobCgroup | None) -> dict[str, str]:
@@ -79,8 +91,10 @@ def begin(spool: Path, record: RunRecord) -> None:
     """The record written before the fork (``record.pid`` 0). A crash in the
     middle leaves a record that cannot be read: nothing was started yet, and
     :func:`load_all` discards it. How an earlier run of the job ended (a
-    reaper's file) goes: it is not this run's."""
+    reaper's file, a sweep's mark) goes: it is not this run's."""
     reaper.remove(spool, record.spec.job)
+    with contextlib.suppress(OSError):
+        (spool / f"{record.spec.job}{_SWEPT}").unlink()
     _write(path(spool, record.spec.job), _encoder.encode(record))
 
 
@@ -141,4 +155,30 @@ def tops(spool: Path, node: str) -> dict[int, tuple[int, float]]:
             rec = parse(entry.read_bytes())
             if rec.pid > 0 and rec.node == node:
                 found[rec.pid] = (rec.spec.job, rec.start)
+    return found
+
+
+def mark_swept(spool: Path, record: RunRecord, ended: reaper.ExitRecord | None) -> None:
+    """Leave word of ``record``'s job for its node's next daemon
+    (:func:`take_swept`): it ended by itself (``ended``), or ``mb down``
+    killed it, which the server takes as any stopping node's end of a job
+    (requeued, or with ``-r n`` cancelled). Root-only, as the record is."""
+    swept = Swept(record=record, ended=ended)
+    _write(spool / f"{record.spec.job}{_SWEPT}", msgspec.json.encode(swept))
+
+
+def take_swept(spool: Path, node: str) -> list[Swept]:
+    """The marks :func:`mark_swept` left for ``node``; they go (unreadable
+    ones too)."""
+    found: list[Swept] = []
+    for entry in spool.glob(f"*{_SWEPT}"):
+        try:
+            swept = _swept_decoder.decode(entry.read_bytes())
+        except (OSError, msgspec.DecodeError):
+            swept = None
+        if swept is None or swept.record.node == node:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        if swept is not None and swept.record.node == node:
+            found.append(swept)
     return found

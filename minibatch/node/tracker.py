@@ -151,7 +151,8 @@ class Tracker(Supervisor):
         node left running in their cgroups, and report the others: ended by
         themselves meanwhile (their cgroup is empty; how is known if that
         daemon became their reaper), or killed now (without cgroups they
-        cannot be supervised; they may run again). Returns (re-adopted,
+        cannot be supervised; they may run again), or killed by an ``mb down``
+        meanwhile (as a stopping daemon reports them). Returns (re-adopted,
         reported) job ids."""
         adopted: list[int] = []
         killed: list[int] = []
@@ -215,6 +216,17 @@ class Tracker(Supervisor):
                 failed_report(
                     rec.spec.job, JobResult.NODE_FAIL, why, rec.spec.reruns, True
                 )
+            )
+        for swept in records.take_swept(self.launcher.spool, self.launcher.node):
+            spec = swept.record.spec
+            killed.append(spec.job)
+            self._remember(spec.job, spec.reruns)
+            if swept.ended is not None:
+                self._emit(self._ended_unseen(swept.record, None, swept.ended))
+                continue
+            why = "killed by mb down while its node daemon was down"
+            self._emit(
+                failed_report(spec.job, JobResult.NODE_FAIL, why, spec.reruns, True)
             )
         if exits is not None and watched:
             self._watch_exits(exits, watched)

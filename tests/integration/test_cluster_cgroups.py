@@ -388,6 +388,49 @@ def test_jobs_that_end_while_no_node_daemon_runs_keep_their_exit_status(
     )
 
 
+def test_kept_jobs_killed_by_a_later_mb_down_end_as_mb_down_ends_jobs(
+    cluster: ClusterFactory,
+) -> None:
+    """mb down --keep-running, then a plain mb down: the kept jobs are killed
+    (nothing outlives mb down) and, at the next mb up, requeued or, -r n,
+    cancelled, as a running cluster's mb down would have; one that had ended
+    by itself in between is reported as it ended."""
+    c = cluster(nodes=1, cpus_per_node=3)
+    flag, early = c.work / "go", c.work / "early"
+    body = f"while [ ! -e {flag} ]; do sleep 0.05; done\n"
+    again = c.qsub(script(c, "again.sh", body))
+    once = c.qsub("-r", "n", script(c, "once.sh", body))
+    done = c.qsub(
+        script(c, "done.sh", body.replace(str(flag), str(early)) + "exit 5\n")
+    )
+    tops = {
+        j: psutil.Process(c.wait_for(lambda j=j: c.job(j)["session_id"]))
+        for j in (again, once, done)
+    }
+    out = c.run("mb", "down", "--keep-running").stdout
+    assert all(top.is_running() for top in tops.values()), out
+    early.touch()
+    tops[done].wait(10)
+    c.wait_for(lambda: (c.paths.spool / f"{done}.exit").exists(), what="kept end")
+    out = c.run("mb", "down").stdout
+    assert "2 job(s) left running without a node daemon" in out, out
+    psutil.wait_procs(list(tops.values()), timeout=10)
+    assert not any(top.is_running() for top in tops.values())
+
+    c.up()
+    record = c.wait_state(done, "failed", timeout=30)
+    assert record["exit_status"] == 5 and record["reruns"] == 0, record
+    assert "ended while its node daemon was down" in record["comment"], record
+    record = c.wait_state(once, "cancelled", timeout=30)
+    assert "not rerunnable" in record["comment"], record
+    c.wait_for(lambda: c.job(again)["reruns"] == 1, what="requeued")
+    c.wait_state(again, "running", timeout=30)
+    flag.touch()
+    record = c.wait_state(again, "completed", timeout=30)
+    assert record["reruns"] == 1, record
+    assert not list(c.paths.spool.glob("*.swept"))
+
+
 def test_without_cgroups_limits_are_sampled_and_jobs_cannot_be_kept(
     cluster: ClusterFactory,
 ) -> None:
