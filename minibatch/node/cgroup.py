@@ -116,6 +116,11 @@ class JobCgroup:
         self.v2 = v2
         #: The memory limit (bytes; 0 for none), read at the first look.
         self._limit: int | None = None
+        #: The limit to set once the spawning thread has left (bytes).
+        self.pending_limit = 0
+        #: Why the job could not be held to its memory limit ("" if it is):
+        #: the job must end.
+        self.unlimited = ""
 
     @classmethod
     def at(cls, dirs: dict[str, str]) -> JobCgroup | None:
@@ -200,6 +205,36 @@ class JobCgroup:
             refaults=refaults,
             stall_us=_stall_us(_read(pressure)),
         )
+
+    def limit_memory(self) -> None:
+        """Set the job's memory limit, now that no thread of the daemon is in
+        its cgroup: while one is, the kernel's OOM killer would choose among
+        the cgroup's tasks the daemon's (the largest) if the job hit its
+        limit, and a job with ``mem=1kb`` did as it started."""
+        d = self._dir("memory")
+        if d is None or not self.pending_limit:
+            return
+        limit = str(self.pending_limit)
+        try:
+            if self.v2:
+                _write(f"{d}/memory.max", limit)
+                with contextlib.suppress(OSError):
+                    _write(f"{d}/memory.swap.max", "0")
+                return
+            _write(f"{d}/memory.limit_in_bytes", limit)
+        except OSError as exc:
+            kb = self.pending_limit // 1024
+            if exc.errno == errno.EBUSY:
+                # v1 refuses a limit below what it cannot reclaim.
+                used = int(_read(f"{d}/memory.usage_in_bytes") or 0) // 1024
+                self.unlimited = f"memory limit of {kb} kb is below the {used} kb "
+                self.unlimited += "the job used as it started"
+            else:
+                self.unlimited = f"cannot set its memory limit of {kb} kb: {exc}"
+            return
+        # Swap would let a job past its limit; memsw must be set after memory.
+        with contextlib.suppress(OSError):
+            _write(f"{d}/memory.memsw.limit_in_bytes", limit)
 
     def remove(self) -> bool:
         """Remove the directories; False while a process is still inside."""
@@ -336,28 +371,27 @@ class Cgroups:
             except FileExistsError:
                 fresh = False
         cg = JobCgroup(dirs, self.v2)
+        # The limit waits for the spawn (JobCgroup.limit_memory). A new memory
+        # cgroup has none: writing "none" would cost two writes per job for
+        # nothing (a reused one may hold an old limit).
+        cg.pending_limit = (mem_kb or 0) * 1024
         if self.v2:
             d = dirs[""]
             _write(f"{d}/cpuset.cpus", format_cpu_list(cpus))
-            if mem_kb:
-                _write(f"{d}/memory.max", str(mem_kb * 1024))
-                with contextlib.suppress(OSError):
-                    _write(f"{d}/memory.swap.max", "0")
+            if not fresh:
+                _write(f"{d}/memory.max", "max")
             if self.pids_max:
                 _write(f"{d}/pids.max", str(self.pids_max))
             return cg
         cs = dirs["cpuset"]
         _write(f"{cs}/cpuset.mems", self._mems)
         _write(f"{cs}/cpuset.cpus", format_cpu_list(cpus))
-        # A new v1 memory cgroup has no limit: writing "none" again would cost
-        # two writes per job for nothing (a reused one may hold an old limit).
-        if mem_kb or not fresh:
+        if not fresh:
             mem = dirs["memory"]
-            limit = str(mem_kb * 1024) if mem_kb else "-1"
-            _write(f"{mem}/memory.limit_in_bytes", limit)
-            # Swap would let a job past its limit; memsw must be set after memory.
+            # memsw first: it may never be below the memory limit.
             with contextlib.suppress(OSError):
-                _write(f"{mem}/memory.memsw.limit_in_bytes", limit)
+                _write(f"{mem}/memory.memsw.limit_in_bytes", "-1")
+            _write(f"{mem}/memory.limit_in_bytes", "-1")
         _write(f"{dirs['pids']}/pids.max", str(self.pids_max or "max"))
         return cg
 
@@ -380,6 +414,7 @@ class Cgroups:
                     _write(f"{self._home[c]}/{back}", me)
                 except OSError as exc:  # cannot happen short of a kernel refusal
                     log.error("cannot leave a job's %s cgroup: %s", c or "v2", exc)
+        cg.limit_memory()
 
     def close(self) -> None:
         """Remove the node's base directories if no job cgroup is left in them."""

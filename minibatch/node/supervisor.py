@@ -274,11 +274,12 @@ class Supervisor:
         # The kernel's peak is what the limit applies to (page cache and shared
         # memory included); RSS sums count shared library pages once per process.
         run.maxrss_kb = cg.peak_kb() or run.maxrss_kb
-        if run.kill_reason is None and cg.oom_kills() > run.oom_seen:
-            # The kill ended the job before a sample saw it: say so in its
-            # error file as when a sample does.
+        if run.kill_reason is None and (cg.unlimited or cg.oom_kills() > run.oom_seen):
+            # The kill (or the limit it could not be held to) ended the job
+            # before a sample saw it: say so in its error file as when a
+            # sample does.
             run.kill_reason = JobResult.OUT_OF_MEMORY
-            run.comment = self._oom_comment(run)
+            run.comment = cg.unlimited or self._oom_comment(run)
             self._tell(run)
         # Only a job whose cgroup still holds shared memory left files there:
         # the scan cannot tell the job's files from other processes' of its
@@ -299,6 +300,8 @@ class Supervisor:
         thrashing at its memory limit a while: the whole job ends."""
         if run.cg is None:
             return None
+        if run.cg.unlimited:
+            return JobResult.OUT_OF_MEMORY, run.cg.unlimited
         kills = run.cg.oom_kills()
         if kills > run.oom_seen:
             run.oom_seen = kills

@@ -133,6 +133,25 @@ def test_memory_limit_is_hard_and_counts_shm_and_memfd(
     assert not list(Path("/dev/shm").glob(f"mb-test-{ids['shm']}*"))
 
 
+def test_a_memory_limit_too_small_to_start_in_ends_the_job_not_its_node(
+    cluster: ClusterFactory,
+) -> None:
+    """The daemon's spawning thread is in the job's cgroups around the fork:
+    were the limit set then, the kernel's OOM killer would take the daemon,
+    the cgroup's largest task (a user's qsub -l mem=512 did, every time)."""
+    c = cluster(nodes=1, cpus_per_node=2)
+    node = c.pids()["node-node0"]
+    tiny = c.qsub("-l", "mem=512", "--", "sleep", "30")  # bytes, as Torque reads it
+    small = c.qsub("-l", "mem=64kb", "--", "sleep", "30")
+    for jid in (tiny, small):
+        record = c.wait_state(jid, "finished", timeout=30)
+        assert record["result"] == "out_of_memory", record
+        assert record["signal"] == 9, record
+    assert "is below the" in c.job(tiny)["comment"]
+    assert c.pids()["node-node0"] == node
+    assert c.nodes()["node0"].state == "free"
+
+
 def test_a_job_thrashing_at_its_memory_limit_ends_out_of_memory(
     cluster: ClusterFactory,
 ) -> None:
