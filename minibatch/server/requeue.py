@@ -96,10 +96,18 @@ def lost(state: ServerState, job: Job, comment: str) -> None:
     """The job's node lost it (its daemon restarted and its processes are gone,
     or its daemon stopped listing it): queued again when it never started or may
     be rerun, else it ends ``node_fail``."""
-    if job.session_id is None or job.options.rerunnable:
+    if _deleted(job):
+        state.job_ended(job, JobResult.CANCELLED, comment=f"{job.comment}; {comment}")
+    elif job.session_id is None or job.options.rerunnable:
         back_to_queue(state, job, JobResult.NODE_FAIL, None, comment)
     else:
         state.job_ended(job, JobResult.NODE_FAIL, comment=comment)
+
+
+def _deleted(job: Job) -> bool:
+    """Whether a qdel was ending ``job`` (exiting, and not to run again):
+    its node stopping or losing it does not queue it again."""
+    return job.state is JobState.EXITING and not job.rerun_pending
 
 
 def end_as_reported(
@@ -130,7 +138,11 @@ def end_as_reported(
 def stopped_node(state: ServerState, job: Job, ended: JobEnded) -> None:
     """The job's node stopped (``mb down``) under it or refused to start it: it
     goes back to the queue when it never started or may be rerun (PBS's ``-r
-    y``, the default); a ``-r n`` job that ran ends cancelled, saying why."""
+    y``, the default); a ``-r n`` job that ran ends cancelled, saying why, and
+    so does one a qdel was ending."""
+    if _deleted(job):
+        end_as_reported(state, job, ended, JobResult.CANCELLED)
+        return
     if job.session_id is None or job.options.rerunnable:
         back_to_queue(state, job, ended.result, ended.exit_status, ended.comment)
         return

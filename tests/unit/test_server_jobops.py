@@ -255,6 +255,32 @@ def test_qdel_after_qrerun_ends_the_job(server_state: ServerState):
     assert job.result is JobResult.CANCELLED and job.reruns == 0
 
 
+def test_a_deleted_job_whose_node_stops_or_loses_it_is_not_queued_again(
+    server_state: ServerState,
+):
+    """qdel sent the Kill to a daemon that died as it started the job: the
+    next daemon reports it (requeue set), or the server finds it lost."""
+    jobs = [server_state.submit(spec(), ME)[0] for _ in range(2)]
+    for job in jobs:
+        run(server_state, job)
+        ask(server_state, JobControl(action="cancel", selectors=[str(job.id)]))
+        assert job.state is JobState.EXITING
+    stopped, lost = jobs
+    report = msgspec.structs.replace(
+        ended(stopped, JobResult.NODE_FAIL), requeue=True, comment="node stopped"
+    )
+    ask(server_state, report, ROOT)
+    for _ in range(3):
+        liveness.heartbeat(server_state, Heartbeat(name="n0", running=[]), b"r0")
+    for job in jobs:
+        assert (job.state, job.result, job.reruns) == (
+            JobState.FINISHED,
+            JobResult.CANCELLED,
+            0,
+        ), job
+        assert job.comment.startswith("cancelled by qdel; "), job.comment
+
+
 def test_a_lost_node_still_requeues_a_job_being_rerun(server_state: ServerState):
     (job,) = server_state.submit(spec(), ME)
     run(server_state, job)
