@@ -286,6 +286,8 @@ def _nodes(opts: SubmitOptions, value: str) -> None:
             raise InvalidArgument(f"malformed nodes= {value!r} (e.g. nodes=2:ppn=4)")
         if count_text.isdigit():
             total += positive_int(count_text, "nodes")
+        elif count_text.lstrip("-").isdigit():  # no host is named "-1"
+            raise InvalidArgument(f"nodes must be a positive count, got {count_text!r}")
         else:
             total += 1
             opts.record("host", count_text, "one host: named nodes are not chosen")

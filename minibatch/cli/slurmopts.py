@@ -317,6 +317,8 @@ def _apply(opts: SubmitOptions, name: str, value: str, ctx: Context) -> None:  #
         opts.walltime = parse_time(value)
     elif name == "nodes":
         low, _, high = value.partition("-")
+        if not low:  # "-1": a negative count, not a range
+            raise InvalidArgument(f"--nodes must be a positive integer, got {value!r}")
         opts.nodes = positive_int(low, "--nodes")
         if high:
             opts.note(f"--nodes={value}", f"runs on {opts.nodes} (the minimum)")

@@ -291,3 +291,17 @@ def test_variable_values_in_quotes_may_hold_commas(text, want):
     """qsub -v / sbatch --export values with commas, quoted (found by a
     new-user trial: they were refused as malformed)."""
     assert parse_env_list(text, {"E": "from-env"}) == want
+
+
+def test_a_negative_node_count_is_refused_not_taken_for_a_host(tmp_path):
+    with pytest.raises(
+        InvalidArgument, match="nodes must be a positive count, got '-1'"
+    ):
+        qsub(tmp_path, "true\n", "-l", "nodes=-1")
+    with pytest.raises(
+        InvalidArgument, match="--nodes must be a positive integer, got '-1'"
+    ):
+        sbatch(tmp_path, "#!/bin/sh\ntrue\n", "--nodes=-1")
+    # A name is a host (a property here), as Torque reads it.
+    spec, _ = qsub(tmp_path, "true\n", "-l", "nodes=abc")
+    assert spec.request.nodes == 1
