@@ -35,7 +35,13 @@ def parse_duration(text: str) -> int:
         seconds += int(part) * scale
     if seconds <= 0:
         raise InvalidArgument(f"duration must be positive, got {text!r}")
+    if seconds > _LONGEST:  # past what a request's fields can carry, too
+        raise InvalidArgument(f"duration {text!r} is longer than 100 years")
     return seconds
+
+
+#: The longest duration any limit may name (seconds).
+_LONGEST = 100 * 365 * 86400
 
 
 def format_duration(seconds: float) -> str:

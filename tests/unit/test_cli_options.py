@@ -305,3 +305,11 @@ def test_a_negative_node_count_is_refused_not_taken_for_a_host(tmp_path):
     # A name is a host (a property here), as Torque reads it.
     spec, _ = qsub(tmp_path, "true\n", "-l", "nodes=abc")
     assert spec.request.nodes == 1
+
+
+def test_an_absurd_walltime_is_refused_naming_it(tmp_path):
+    long = "100000000000000000000"
+    with pytest.raises(InvalidArgument, match=f"duration '{long}' is longer than 100"):
+        qsub(tmp_path, "true\n", "-l", f"walltime={long}")
+    spec, _ = qsub(tmp_path, "true\n", "-l", "walltime=240:00:00")
+    assert spec.request.walltime == 240 * 3600
