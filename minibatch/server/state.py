@@ -33,7 +33,7 @@ from minibatch.core.resize import refusal, start_limit
 from minibatch.core.snapshot import ClusterSnapshot, PendingView
 from minibatch.core.units import format_cpu_list
 from minibatch.errors import InfeasibleRequest, InvalidArgument
-from minibatch.policy.base import mem_per_node
+from minibatch.policy.base import NEVER, mem_per_node
 from minibatch.protocol.messages import Kill, Launch, Message
 from minibatch.protocol.scheduling import Wake
 from minibatch.server import (
@@ -506,6 +506,11 @@ class ServerState:
             if not self.queues.started(job.queue):
                 blocked = f"queue {job.queue} is stopped (started = false)"
             blocked = blocked or views.array_limit_reason(self, job)
+            if job.reason == NEVER:
+                # Admitted for nodes it no longer has (mb up with another layout).
+                why = self.nodes.feasible(job.request, job.options.features)
+                if why is not None:
+                    blocked = f"can never run on this cluster's nodes: {why}"
             if blocked:
                 job.reason, job.predicted_start = blocked, None
 

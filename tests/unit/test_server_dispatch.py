@@ -11,6 +11,7 @@ from minibatch.core.job import (
     JobState,
 )
 from minibatch.core.snapshot import Plan, Start
+from minibatch.policy.base import NEVER
 from minibatch.protocol.messages import Launch
 from minibatch.protocol.scheduling import ApplyPlan
 from minibatch.server import dispatch
@@ -175,3 +176,22 @@ def test_a_rejected_start_voids_the_plans_upcoming_jobs(server_state: ServerStat
     result = apply_plan(server_state, Context(), ROOT, b"", ApplyPlan(plan=plan))
     assert result.started == [c] and list(result.rejected) == [b]
     assert not server_state.queue.upcoming  # b is in neither list: no shortcut
+
+
+def test_a_job_no_node_of_the_layout_can_hold_says_so(server_state: ServerState):
+    """Admitted for 2-CPU nodes; the cluster came back with 1-CPU ones (mb up
+    with another layout): "no room now" would promise a start that never comes."""
+    job = submit(server_state, 2)
+    for node in server_state.nodes.nodes.values():
+        node.cpus = node.cpus[:1]
+    snap = server_state.snapshot()
+    plan = Plan(generation=snap.generation, reasons={job: NEVER})
+    server_state.queue.take_notes(plan, server_state.clock())
+    server_state.explain(server_state.jobs[job])
+    reason = server_state.jobs[job].reason
+    assert reason.startswith("can never run on this cluster's nodes: "), reason
+    # While a node could hold it, the plan's word stands.
+    for node in server_state.nodes.nodes.values():
+        node.cpus = [0, 1]
+    server_state.explain(server_state.jobs[job])
+    assert server_state.jobs[job].reason == NEVER
