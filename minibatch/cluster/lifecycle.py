@@ -89,8 +89,7 @@ def _spawn(paths: Paths, daemon: Daemon) -> subprocess.Popen[bytes]:
     env.update(MB_HOME=str(paths.home), PYTHONUNBUFFERED="1")
     command = daemon.command()
     pidfile = paths.pidfile(daemon.name)
-    kept = daemon.name.startswith("node-")
-    if kept:
+    if daemon.is_node:
         from minibatch.node import keeper
 
         # The keeper writes the daemon's pid; a stale file must not stand in.
@@ -109,7 +108,7 @@ def _spawn(paths: Paths, daemon: Daemon) -> subprocess.Popen[bytes]:
             cwd=paths.home,
             env=env,
         )
-    if not kept:
+    if not daemon.is_node:
         _write_atomic(pidfile, f"{proc.pid}\n")
     _SPAWNED.append(proc)
     return proc
@@ -172,7 +171,7 @@ class _Starter:
             self.procs[daemon.name] = proc = _spawn(self.paths, daemon)
             self.report.started.append(daemon.name)
             pid = proc.pid
-            if daemon.name.startswith("node-"):
+            if daemon.is_node:
                 pid = self._kept(daemon.name, proc)
         self.report.pids[daemon.name] = pid
 

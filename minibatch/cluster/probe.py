@@ -52,8 +52,12 @@ class Daemon(NamedTuple):
     args: tuple[str, ...] = ()
 
     @property
+    def is_node(self) -> bool:
+        return self.name.startswith("node-")
+
+    @property
     def program(self) -> tuple[str, str]:
-        return PROGRAMS["node" if self.name.startswith("node-") else self.name]
+        return PROGRAMS["node" if self.is_node else self.name]
 
     def command(self) -> list[str]:
         """The console script next to ``sys.executable``, else ``python -m``."""
@@ -68,7 +72,7 @@ class Daemon(NamedTuple):
         exe, module = self.program
         if not any(Path(a).name == exe or a == module for a in cmdline[:3]):
             return False
-        if not self.name.startswith("node-"):
+        if not self.is_node:
             return True
         node = self.name.removeprefix("node-")
         pairs = zip(cmdline, cmdline[1:], strict=False)

@@ -114,7 +114,8 @@ class JobCgroup:
         #: Controller ('' on v2) -> the job's directory in its hierarchy.
         self.dirs = dirs
         self.v2 = v2
-        #: The memory limit (bytes; 0 for none), read at the first look.
+        #: The memory limit (bytes; 0 for none): the one set here, or read at
+        #: the first look for a cgroup a predecessor made.
         self._limit: int | None = None
         #: The limit to set once the spawning thread has left (bytes).
         self.pending_limit = 0
@@ -180,16 +181,21 @@ class JobCgroup:
         name = "memory.events" if self.v2 else "memory.oom_control"
         return _stat_value(_read(f"{d}/{name}"), "oom_kill")
 
+    def memory_limit(self) -> int:
+        """The job's memory limit (bytes; 0 for none)."""
+        if self._limit is None:
+            d = self._dir("memory")
+            name = "memory.max" if self.v2 else "memory.limit_in_bytes"
+            text = _read(f"{d}/{name}").strip() if d is not None else ""
+            # v1 says "no limit" with a number near 2**63, v2 with "max".
+            self._limit = int(text) if text.isdigit() and int(text) < 1 << 62 else 0
+        return self._limit
+
     def memory_now(self) -> thrash.Sample | None:
         """What :class:`thrash.Watch <minibatch.node.thrash.Watch>` looks at."""
         d = self._dir("memory")
         if d is None:
             return None
-        if self._limit is None:
-            name = "memory.max" if self.v2 else "memory.limit_in_bytes"
-            text = _read(f"{d}/{name}").strip()
-            # v1 says "no limit" with a number near 2**63, v2 with "max".
-            self._limit = int(text) if text.isdigit() and int(text) < 1 << 62 else 0
         usage = "memory.current" if self.v2 else "memory.usage_in_bytes"
         stat = _read(f"{d}/memory.stat")
         files = _stat_value(stat, "file" if self.v2 else "cache")
@@ -200,7 +206,7 @@ class JobCgroup:
         pressure = f"{d}/memory.pressure" if self.v2 else "/proc/pressure/memory"
         return thrash.Sample(
             used=int(_read(f"{d}/{usage}") or 0),
-            limit=self._limit,
+            limit=self.memory_limit(),
             files=files - _stat_value(stat, "shmem"),
             refaults=refaults,
             stall_us=_stall_us(_read(pressure)),
@@ -212,6 +218,7 @@ class JobCgroup:
         the cgroup's tasks the daemon's (the largest) if the job hit its
         limit, and a job with ``mem=1kb`` did as it started."""
         d = self._dir("memory")
+        self._limit = self.pending_limit
         if d is None or not self.pending_limit:
             return
         limit = str(self.pending_limit)

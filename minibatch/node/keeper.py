@@ -46,7 +46,6 @@ _PASSED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 _SAME_START_S = 5.0
 #: How long a daemon left without its pid file gets to stop before SIGKILL.
 _STOP_GRACE_S = 10.0
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 log = logging.getLogger("mb-node-keeper")
 
@@ -100,35 +99,16 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _boot_time() -> float:
-    with open("/proc/stat", "rb") as f:
-        for line in f:
-            if line.startswith(b"btime "):
-                return float(line.split()[1])
-    return 0.0
-
-
-def _started_at(pid: int, boot: float) -> float | None:
-    """When ``pid`` started (epoch seconds), zombie or not; None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            after_name = f.read().rpartition(b")")[2].split()
-    except OSError:
-        return None
-    # Field 22 of stat, the 20th after the name: clock ticks since boot.
-    return boot + int(after_name[19]) / _TICKS
-
-
 def orphans(spool: Path, node: str) -> dict[int, int]:
     """Top process -> job for the jobs of ``node`` whose top is our child now:
     its record names it and it started when the record says (a pid the
     daemon had reaped may be another process's by now)."""
-    boot = _boot_time()
+    boot = procfs.boot_time()
     ours = set(procfs.own_children())
     found = {}
     for pid, (job, start) in records.tops(spool, node).items():
-        began = _started_at(pid, boot) if pid in ours else None
-        if began is not None and abs(began - start) < _SAME_START_S:
+        top = procfs.read_stat(pid) if pid in ours else None
+        if top is not None and abs(boot + top.start_s - start) < _SAME_START_S:
             found[pid] = job
     return found
 

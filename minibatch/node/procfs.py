@@ -47,6 +47,8 @@ class Proc:
     cpu_s: float = 0.0
     #: Virtual memory size (KB).
     vsize_kb: int = 0
+    #: When it started, in seconds since boot (see :func:`boot_time`).
+    start_s: float = 0.0
 
     @property
     def zombie(self) -> bool:
@@ -71,7 +73,18 @@ def read_stat(pid: int) -> Proc | None:
         rss_kb=int(fields[21]) * _PAGE_KB,
         cpu_s=sum(int(f) for f in fields[11:15]) / _TICKS,
         vsize_kb=int(fields[20]) // 1024,
+        start_s=int(fields[19]) / _TICKS,
     )
+
+
+def boot_time() -> float:
+    """When the machine booted (epoch seconds): what :attr:`Proc.start_s`
+    counts from."""
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    return 0.0
 
 
 class ProcTable:

@@ -306,7 +306,8 @@ class Supervisor:
         if kills > run.oom_seen:
             run.oom_seen = kills
             return JobResult.OUT_OF_MEMORY, self._oom_comment(run)
-        memory = run.cg.memory_now()
+        # Without a limit there is nothing to thrash against: no file to read.
+        memory = run.cg.memory_now() if run.cg.memory_limit() else None
         stuck = run.thrash.look(memory, time.monotonic())
         if memory is None or stuck < _THRASH_S:
             return None
